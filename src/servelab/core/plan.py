@@ -1,0 +1,71 @@
+"""The one contract between the scheduler and any executor (real model or cost model)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from servelab.sampling_params import SamplingParams
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's share of a step.
+
+    token_ids are the tokens whose KV is computed this step: a prefill chunk, a recompute chunk
+    after preemption, or the single last sampled token when decoding. They sit at positions
+    num_computed_tokens .. num_computed_tokens + len(token_ids) - 1. block_ids is the request's
+    whole block table (it covers every position up to the end of this step). When sample is set,
+    the logits of the last token are sampled to give the request's next output token.
+    prompt_token_ids / output_token_ids are set only when the executor has not seen the request
+    before (first schedule, or rescheduled after preemption) so it can build its penalty state.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    num_computed_tokens: int
+    block_ids: list[int]
+    sample: bool
+    sampling_params: SamplingParams
+    prompt_token_ids: list[int] | None = None
+    output_token_ids: list[int] | None = None
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        return self.num_computed_tokens + len(self.token_ids)
+
+
+@dataclass
+class StepPlan:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    # Requests whose executor-side state can be dropped (finished, aborted, or preempted: a
+    # preempted request comes back with prompt_token_ids set).
+    finished_request_ids: list[str] = field(default_factory=list)
+    preempted_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class SampledToken:
+    token_id: int
+    logprob: float | None = None
+    # (token_id, logprob) of the most likely tokens, when logprobs were asked for.
+    top_logprobs: list[tuple[int, float]] | None = None
+
+
+@dataclass
+class StepResult:
+    sampled: dict[str, SampledToken] = field(default_factory=dict)
+    # Seconds the step took: measured by a real executor, predicted by the cost model.
+    duration: float = 0.0
+    # Cost-model components (weights, attention, communication, overhead), seconds.
+    breakdown: dict[str, float] = field(default_factory=dict)

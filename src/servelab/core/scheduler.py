@@ -1,0 +1,212 @@
+"""Token-budget scheduler: who runs each step and how many of their tokens.
+
+One rule for every stage: each request has num_tokens and num_computed_tokens, and each step hands
+out a token budget so computed catches up with total. A prefill chunk, a decode step, recompute
+after preemption and a request admitted with its KV already present are all this rule.
+Stages differ only in admission and KV allocation (see SchedulerConfig.policy).
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable
+
+from servelab.config import SchedulerConfig
+from servelab.core.block_manager import BlockManager
+from servelab.core.plan import ScheduledRequest, StepPlan, StepResult
+from servelab.core.request import Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._known_to_executor: set[str] = set()
+        self._finished_ids: list[str] = []
+        self.num_preemptions_total = 0
+        self.max_num_seqs = config.effective_max_num_seqs
+
+    # ---- intake
+    def check_fits(self, request: Request) -> None:
+        """Raise ValueError for a request that could never run, rather than letting it wait forever."""
+        bm = self.block_manager
+        need = bm.num_blocks_for(request.max_total_tokens)
+        if need > bm.num_blocks:
+            raise ValueError(
+                f"request needs {request.max_total_tokens} tokens of KV cache (prompt {request.num_prompt_tokens} "
+                f"+ max_tokens {request.max_tokens}) but the whole cache holds {bm.num_blocks * bm.block_size}; "
+                "lower max_tokens or give the KV cache more memory"
+            )
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self.check_fits(request)
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[Request]:
+        aborted = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is not None and not request.finished:
+                self.finish_request(request, RequestStatus.FINISHED_ABORTED)
+                aborted.append(request)
+        return aborted
+
+    def finish_request(self, request: Request, status: RequestStatus) -> None:
+        """Retire a request for any reason; its blocks go back to the pool at once."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            self.waiting.remove(request)
+        request.status = status
+        self.block_manager.free(request.request_id)
+        self.requests.pop(request.request_id, None)
+        if request.request_id in self._known_to_executor:
+            self._known_to_executor.discard(request.request_id)
+            self._finished_ids.append(request.request_id)
+
+    # ---- state
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- the step
+    def schedule(self, now: float) -> StepPlan:
+        plan = StepPlan(finished_request_ids=self._finished_ids)
+        self._finished_ids = []
+        budget = self.config.max_num_batched_tokens
+
+        if self.config.contiguous:
+            if not self.running:
+                self._admit_static_batch(now)
+        budget = self._schedule_running(plan, budget, now)
+        if not self.config.contiguous and not plan.preempted_request_ids:
+            self._admit_continuous(plan, budget, now)
+        return plan
+
+    def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._allocate_or_preempt(request, num_new, plan):
+                break
+            self._add_to_plan(plan, request, num_new, now)
+            budget -= num_new
+            index += 1
+        return budget
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, plan: StepPlan) -> bool:
+        """Make room for request's next num_new tokens, preempting from the back of the running
+        queue (latest admitted first). False when the request itself had to be preempted."""
+        bm = self.block_manager
+        if self.config.contiguous:
+            return True  # reserved at admission
+        while bm.allocate_slots(request.request_id, request.num_computed_tokens + num_new) is None:
+            victim = self.running.pop()
+            self._preempt(victim, plan)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request, plan: StepPlan) -> None:
+        self.block_manager.free(request.request_id)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self.waiting.appendleft(request)
+        if request.request_id in self._known_to_executor:
+            self._known_to_executor.discard(request.request_id)
+            plan.preempted_request_ids.append(request.request_id)
+
+    def _admit_continuous(self, plan: StepPlan, budget: int, now: float) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if self.block_manager.allocate_slots(request.request_id, request.num_computed_tokens + num_new) is None:
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            self._add_to_plan(plan, request, num_new, now)
+            budget -= num_new
+
+    def _admit_static_batch(self, now: float) -> None:
+        """Stages 1-2: a batch forms only when the device is idle; each member reserves
+        prompt + max_tokens contiguously, so nobody can run out of KV mid-flight."""
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            if self.block_manager.reserve_contiguous(request.request_id, request.max_total_tokens) is None:
+                break
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+
+    def _add_to_plan(self, plan: StepPlan, request: Request, num_new: int, now: float) -> None:
+        start = request.num_computed_tokens
+        new_to_executor = request.request_id not in self._known_to_executor
+        if new_to_executor:
+            self._known_to_executor.add(request.request_id)
+        if request.times.first_scheduled is None:
+            request.times.first_scheduled = now
+        plan.scheduled.append(ScheduledRequest(
+            request_id=request.request_id,
+            token_ids=request.token_ids_slice(start, start + num_new),
+            num_computed_tokens=start,
+            block_ids=self.block_manager.get_block_table(request.request_id),
+            sample=start + num_new == request.num_tokens,
+            sampling_params=request.sampling_params,
+            prompt_token_ids=request.prompt_token_ids if new_to_executor else None,
+            output_token_ids=list(request.output_token_ids) if new_to_executor else None,
+        ))
+
+    # ---- after the step
+    def update_from_output(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
+        """Advance progress, append sampled tokens, retire finished requests. Returns the requests
+        that got a token or finished this step."""
+        updated = []
+        for scheduled in plan.scheduled:
+            request = self.requests.get(scheduled.request_id)
+            if request is None:  # aborted while the step ran
+                continue
+            request.num_computed_tokens += scheduled.num_new_tokens
+            if self.config.contiguous:
+                self.block_manager.record_tokens(request.request_id, request.num_computed_tokens)
+            sampled = result.sampled.get(request.request_id) if scheduled.sample else None
+            if sampled is None:
+                continue
+            request.output_token_ids.append(sampled.token_id)
+            if request.times.first_token is None:
+                request.times.first_token = now
+            request.times.token_times.append(now)
+            status = self._stop_status(request, sampled.token_id)
+            if status is not None:
+                request.times.finished = now
+                self.finish_request(request, status)
+            updated.append(request)
+        return updated
+
+    @staticmethod
+    def _stop_status(request: Request, token_id: int) -> RequestStatus | None:
+        params = request.sampling_params
+        if not params.ignore_eos and token_id in request.eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        if token_id in params.stop_token_ids:
+            request.stop_reason = token_id
+            return RequestStatus.FINISHED_STOPPED
+        if request.num_output_tokens >= request.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None
