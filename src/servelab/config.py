@@ -8,6 +8,11 @@ SCHEDULE_POLICIES = ("serial", "static", "continuous")
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 
+def _check_architecture(arch: str) -> None:
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"unsupported model architecture {arch!r}; servelab runs {', '.join(SUPPORTED_ARCHITECTURES)}")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     architecture: str
@@ -29,11 +34,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported model architecture {self.architecture!r}; "
-                f"servelab runs {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+        _check_architecture(self.architecture)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
 
@@ -45,6 +46,7 @@ class ModelConfig:
                                        "qwen2": "Qwen2ForCausalLM"}.get(cfg.get("model_type", ""), "")
         if not arch:
             raise ValueError("config.json names no architecture (neither 'architectures' nor a known 'model_type')")
+        _check_architecture(arch)  # before reading fields, so an unsupported model says so instead of a KeyError
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))

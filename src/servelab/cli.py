@@ -1,0 +1,81 @@
+"""servelab command line: generate | bench | lab (and serve, once the gateway lands)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from servelab.engine_args import EngineArgs
+
+    parser = argparse.ArgumentParser(prog="servelab", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text for one prompt, streamed to the terminal")
+    gen.add_argument("prompt")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    _add_sampling_args(gen)
+    EngineArgs.add_cli_args(gen)
+    gen.set_defaults(func=_cmd_generate)
+
+    bench = sub.add_parser("bench", help="benchmarks (results under benchmarks/results/)")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    from servelab.bench import latency, throughput
+    throughput.add_parser(bench_sub)
+    latency.add_parser(bench_sub)
+
+    try:
+        from servelab.lab.cli import add_lab_parser
+    except ImportError:
+        pass
+    else:
+        add_lab_parser(sub)
+    return parser
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from servelab.engine_args import EngineArgs
+    from servelab.llm_engine import LLMEngine
+    from servelab.sampling_params import SamplingParams
+
+    engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed)
+    prompt = args.prompt
+    if args.chat:
+        text = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        prompt = {"prompt_token_ids": engine.tokenizer.encode(text, add_special_tokens=False)}
+    engine.add_request("cli", prompt, params)
+    shown = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            text = out.outputs[0].text
+            sys.stdout.write(text[shown:])
+            sys.stdout.flush()
+            shown = len(text)
+    sys.stdout.write("\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except ValueError as exc:
+        print(f"servelab: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

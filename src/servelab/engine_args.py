@@ -1,0 +1,58 @@
+"""Engine options shared by the Python API (LLM(...)) and every CLI command, with vLLM's names."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+
+from servelab.config import SCHEDULE_POLICIES, CacheConfig, SchedulerConfig
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None
+    dtype: str = "auto"
+    schedule: str = "continuous"
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 1024
+    max_model_len: int | None = None
+    kv_cache_memory: float = 2.0
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    num_threads: int | None = None
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
+        if with_model:
+            parser.add_argument("--model", default=None,
+                                help="Hugging Face model folder or .gguf file (default: SmolLM2-135M-Instruct)")
+        parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                            help="weights and activations; auto = bfloat16 where the CPU runs it natively")
+        parser.add_argument("--schedule", default="continuous", choices=SCHEDULE_POLICIES,
+                            help="serial = one request at a time; static = a batch forms when idle and nobody "
+                                 "joins until all finish; continuous = admit and retire every step (paged KV)")
+        parser.add_argument("--max-num-seqs", type=int, default=128, help="most requests in one batch")
+        parser.add_argument("--max-num-batched-tokens", type=int, default=1024,
+                            help="token budget per step; longer prompts are prefilled in chunks")
+        parser.add_argument("--max-model-len", type=int, default=None,
+                            help="context length (default: the model's, capped at 8192)")
+        parser.add_argument("--kv-cache-memory", type=float, default=2.0,
+                            help="KV cache size: GiB when >= 1, a fraction of RAM when below 1")
+        parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+        parser.add_argument("--num-kv-blocks", type=int, default=None,
+                            help="exact KV pool size in blocks (overrides --kv-cache-memory)")
+        parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+    def cache_config(self) -> CacheConfig:
+        return CacheConfig(block_size=self.block_size, kv_cache_memory=self.kv_cache_memory,
+                           num_blocks=self.num_kv_blocks)
+
+    def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
+        max_len = self.max_model_len or min(model_max_len, 8192)
+        if max_len > model_max_len:
+            raise ValueError(f"max_model_len {max_len} exceeds the model's context length {model_max_len}")
+        return SchedulerConfig(policy=self.schedule, max_num_seqs=self.max_num_seqs,
+                               max_num_batched_tokens=self.max_num_batched_tokens, max_model_len=max_len)

@@ -1,0 +1,131 @@
+"""Runs a StepPlan on the real model: builds the flattened batch, runs the forward pass over the paged
+KV cache, samples. Owns all device state (weights, KV tensors, per-request sampling history)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from servelab.config import CacheConfig, ModelConfig
+from servelab.core.block_manager import num_blocks_for_memory
+from servelab.core.plan import ScheduledRequest, StepPlan, StepResult
+from servelab.model.attention import AttentionMetadata, PrefillChunk
+from servelab.model.llama import LlamaForCausalLM
+from servelab.model.loader import load_state_dict
+from servelab.model.sampler import Sampler, SamplingRow
+
+
+def kv_cache_bytes(cache_config: CacheConfig) -> int:
+    memory = cache_config.kv_cache_memory
+    if memory < 1:
+        return int(memory * os_total_memory())
+    return int(memory * (1 << 30))
+
+
+def os_total_memory() -> int:
+    import os
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class ModelExecutor:
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int) -> None:
+        cfg = model.config
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        # (2, num_blocks, block_size, num_kv_heads, head_dim) per layer. Zeroed: masked-out slots are still
+        # multiplied by a 0 attention weight, and 0 * NaN from uninitialised memory would poison the output.
+        self.kv_caches = [
+            torch.zeros(2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype=model.dtype)
+            for _ in range(cfg.num_hidden_layers)
+        ]
+        self.sampler = Sampler()
+        self._rows: dict[str, SamplingRow] = {}
+
+    @classmethod
+    def from_pretrained(cls, folder: Path, model_config: ModelConfig, cache_config: CacheConfig,
+                        dtype: torch.dtype, max_model_len: int) -> "ModelExecutor":
+        model = LlamaForCausalLM(model_config, dtype, max_positions=max_model_len)
+        model.load_weights(load_state_dict(folder, dtype))
+        model.eval()
+        num_blocks = cache_config.num_blocks or num_blocks_for_memory(
+            kv_cache_bytes(cache_config), model_config.kv_bytes_per_token(model.embed_tokens.element_size()),
+            cache_config.block_size)
+        if num_blocks < 1:
+            raise ValueError("kv_cache_memory is too small to hold a single KV block")
+        return cls(model, num_blocks, cache_config.block_size)
+
+    @property
+    def weight_bytes(self) -> int:
+        seen, total = set(), 0
+        for p in self.model.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel() * p.element_size()
+        return total
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        start = time.perf_counter()
+        for request_id in plan.finished_request_ids + plan.preempted_request_ids:
+            self._rows.pop(request_id, None)
+        for s in plan.scheduled:
+            if s.prompt_token_ids is not None:
+                self._rows[s.request_id] = SamplingRow(s.sampling_params, s.prompt_token_ids,
+                                                       list(s.output_token_ids or ()))
+        if not plan.scheduled:
+            return StepResult(duration=time.perf_counter() - start)
+        decodes = [s for s in plan.scheduled if s.num_new_tokens == 1 and s.num_computed_tokens > 0]
+        prefills = [s for s in plan.scheduled if not (s.num_new_tokens == 1 and s.num_computed_tokens > 0)]
+        ordered = decodes + prefills
+        input_ids, positions, meta = self._prepare(decodes, prefills)
+        with torch.inference_mode():
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)
+            last_rows, sampled_reqs, row = [], [], 0
+            for s in ordered:
+                row += s.num_new_tokens
+                if s.sample:
+                    last_rows.append(row - 1)
+                    sampled_reqs.append(s)
+            sampled = {}
+            if sampled_reqs:
+                logits = self.model.compute_logits(hidden[last_rows])
+                rows = [self._rows[s.request_id] for s in sampled_reqs]
+                for s, row_state, token in zip(sampled_reqs, rows, self.sampler(logits, rows)):
+                    row_state.output_token_ids.append(token.token_id)
+                    sampled[s.request_id] = token
+        return StepResult(sampled=sampled, duration=time.perf_counter() - start)
+
+    def _prepare(self, decodes: list[ScheduledRequest], prefills: list[ScheduledRequest]):
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        for s in decodes:
+            p = s.num_computed_tokens
+            ids.append(s.token_ids[0])
+            pos.append(p)
+            slots.append(s.block_ids[p // bs] * bs + p % bs)
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        positions = torch.tensor(pos, dtype=torch.long)
+        slot_mapping = torch.tensor(slots, dtype=torch.long)
+        decode_tables = decode_mask = None
+        if decodes:
+            max_blocks = max(len(s.block_ids) for s in decodes)
+            decode_tables = torch.tensor([s.block_ids + [0] * (max_blocks - len(s.block_ids)) for s in decodes])
+            context = positions + 1
+            decode_mask = (torch.arange(max_blocks * bs)[None, :] < context[:, None])[:, None, None, :]
+        chunks, id_parts, pos_parts, slot_parts = [], [input_ids], [positions], [slot_mapping]
+        row = len(decodes)
+        for s in prefills:
+            table = torch.tensor(s.block_ids, dtype=torch.long)
+            p = torch.arange(s.num_computed_tokens, s.context_len)
+            id_parts.append(torch.tensor(s.token_ids, dtype=torch.long))
+            pos_parts.append(p)
+            slot_parts.append(table[p // bs] * bs + p % bs)
+            chunks.append(PrefillChunk(row, s.num_new_tokens, s.num_computed_tokens, table))
+            row += s.num_new_tokens
+        if prefills:
+            input_ids, positions, slot_mapping = (torch.cat(x) for x in (id_parts, pos_parts, slot_parts))
+        meta = AttentionMetadata(slot_mapping, len(decodes), decode_tables, decode_mask, chunks)
+        return input_ids, positions, meta

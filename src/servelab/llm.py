@@ -1,0 +1,75 @@
+"""Offline batch generation with vLLM's API: LLM(...).generate(prompts, sampling_params)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from tqdm import tqdm
+
+from servelab.engine_args import EngineArgs
+from servelab.llm_engine import LLMEngine, PromptType
+from servelab.outputs import RequestOutput
+from servelab.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **kwargs) -> None:
+        """kwargs are EngineArgs fields: dtype, schedule, max_num_seqs, max_num_batched_tokens,
+        max_model_len, kv_cache_memory, block_size, num_kv_blocks, num_threads."""
+        self.engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool | None = None) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        params = self._params_list(sampling_params, len(prompts))
+        engine = self.engine
+        # Validate everything first so a bad prompt leaves nothing half-queued.
+        encoded = [engine.encode_prompt(p) for p in prompts]
+        for (_, token_ids), p in zip(encoded, params):
+            engine.validate(token_ids, p)
+        ids = [engine.new_request_id() for _ in prompts]
+        for request_id, (text, token_ids), p in zip(ids, encoded, params):
+            prompt = {"prompt_token_ids": token_ids, "prompt": text}
+            engine.add_request(request_id, prompt, p)
+        return self._run(ids, use_tqdm if use_tqdm is not None else len(prompts) >= 16)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool | None = None) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tokenizer = self.engine.tokenizer
+        prompts = [{"prompt_token_ids": tokenizer.encode(tokenizer.apply_chat_template(c), add_special_tokens=False)}
+                   for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    @staticmethod
+    def _params_list(sampling_params, count: int) -> list[SamplingParams]:
+        if sampling_params is None:
+            return [SamplingParams()] * count
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * count
+        params = list(sampling_params)
+        if len(params) != count:
+            raise ValueError(f"got {len(params)} sampling params for {count} prompts")
+        return params
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm)
+        try:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update(1)
+        finally:
+            bar.close()
+            for request_id in ids:
+                if request_id not in done:
+                    self.engine.abort_request(request_id)
+        return [done[i] for i in ids]

@@ -1,0 +1,92 @@
+"""Paged attention over a block-indexed KV cache, and the plain-torch reference it is tested against.
+
+KV cache per layer: (2, num_blocks, block_size, num_kv_heads, head_dim); a token at position p of a
+request lives in slot block_table[p // block_size] * block_size + p % block_size.
+The flattened batch puts single-token decodes first, then prefill chunks (see AttentionMetadata).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillChunk:
+    start: int  # first row of this chunk in the flattened batch
+    num_tokens: int
+    num_computed_tokens: int  # cached context before the chunk
+    block_table: torch.Tensor  # (num_blocks_of_request,) int64
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # (num_tokens,) int64
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor | None  # (num_decodes, max_blocks) int64, padded with block 0
+    decode_mask: torch.Tensor | None  # (num_decodes, 1, 1, max_blocks * block_size) bool, True = attend
+    prefills: list[PrefillChunk]
+
+
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    # k, v: (num_tokens, num_kv_heads, head_dim)
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+
+
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    # cache: (num_blocks, block_size, kvh, hd); block_ids: (..., n) -> (..., n * block_size, kvh, hd)
+    gathered = cache[block_ids]
+    return gathered.flatten(-4, -3)
+
+
+def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """q: (num_tokens, num_heads, head_dim), KV of this step already written. Returns the same shape."""
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = kv_cache.shape[3]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(q)
+    num_decode = meta.num_decode_tokens
+    if num_decode:
+        # Each KV head serves `group` query heads: treat them as a query length, no KV repeat needed.
+        qd = q[:num_decode].view(num_decode, num_kv_heads, group, head_dim)
+        k = _gather(kv_cache[0], meta.decode_block_tables).transpose(1, 2)  # (B, kvh, L, hd)
+        v = _gather(kv_cache[1], meta.decode_block_tables).transpose(1, 2)
+        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=meta.decode_mask)
+        out[:num_decode] = o.reshape(num_decode, num_heads, head_dim)
+    for chunk in meta.prefills:
+        rows = slice(chunk.start, chunk.start + chunk.num_tokens)
+        qp = q[rows].transpose(0, 1).unsqueeze(0)  # (1, H, n, hd)
+        context = chunk.num_computed_tokens + chunk.num_tokens
+        k = _gather(kv_cache[0], chunk.block_table)[:context].transpose(0, 1).unsqueeze(0)
+        v = _gather(kv_cache[1], chunk.block_table)[:context].transpose(0, 1).unsqueeze(0)
+        if chunk.num_computed_tokens == 0:
+            o = F.scaled_dot_product_attention(qp, k, v, is_causal=True, enable_gqa=True)
+        else:
+            o = F.scaled_dot_product_attention(
+                qp, k, v, attn_mask=causal_mask(chunk.num_tokens, context, q.device), enable_gqa=True)
+        out[rows] = o[0].transpose(0, 1)
+    return out
+
+
+def causal_mask(num_queries: int, context_len: int, device: torch.device | None = None) -> torch.Tensor:
+    """(num_queries, context_len) bool: query i (at position context_len - num_queries + i) sees keys <= it."""
+    offset = context_len - num_queries
+    q_pos = torch.arange(num_queries, device=device).unsqueeze(1) + offset
+    return torch.arange(context_len, device=device).unsqueeze(0) <= q_pos
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Textbook causal attention for one request, no paging, no fused kernels.
+
+    q: (n, H, hd) for the last n positions; k, v: (context_len, kvh, hd) for all positions.
+    """
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    group = num_heads // k.shape[1]
+    k = k.repeat_interleave(group, dim=1).transpose(0, 1).float()  # (H, L, hd)
+    v = v.repeat_interleave(group, dim=1).transpose(0, 1).float()
+    scores = q.transpose(0, 1).float() @ k.transpose(1, 2) / head_dim ** 0.5  # (H, n, L)
+    scores = scores.masked_fill(~causal_mask(q.shape[0], k.shape[1], q.device), float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(0, 1).to(q.dtype)

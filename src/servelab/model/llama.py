@@ -1,0 +1,152 @@
+"""Llama-family decoder (Llama, SmolLM2, Mistral, Qwen2) over a paged KV cache.
+
+Inputs are flattened across the batch: one row per token being computed this step.
+Weights are fused at load time (q|k|v, gate|up) so a layer is two big matmuls and two small ones.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from servelab.config import ModelConfig
+from servelab.model.attention import AttentionMetadata, paged_attention, write_kv
+
+
+def rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and the cos/sin scale, as Hugging Face computes them."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = dict(config.rope_scaling or ())
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    if rope_type is None:
+        return inv_freq, 1.0
+    if rope_type == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(is_medium, smoothed, scaled), 1.0
+    if rope_type == "linear":
+        return inv_freq / scaling["factor"], 1.0
+    raise ValueError(f"unsupported rope_scaling type {rope_type!r} (servelab supports default, linear, llama3)")
+
+
+class RotaryEmbedding:
+    def __init__(self, config: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
+        inv_freq, scale = rope_inv_freq(config)
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)  # (max_positions, head_dim)
+        self.cos = (emb.cos() * scale).to(dtype)
+        self.sin = (emb.sin() * scale).to(dtype)
+
+    def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # q: (T, H, hd), k: (T, kvh, hd)
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Hugging Face's order of operations: normalise in float32, cast back, then scale.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        h, hd = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
+        self.q_size, self.kv_size = self.num_heads * hd, self.num_kv_heads * hd
+        self.eps = config.rms_norm_eps
+        empty = lambda *shape: nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)  # noqa: E731
+        self.input_norm = empty(h)
+        self.qkv_proj = empty(self.q_size + 2 * self.kv_size, h)
+        self.qkv_bias = empty(self.q_size + 2 * self.kv_size) if config.attention_bias else None
+        self.o_proj = empty(h, self.q_size)
+        self.post_attention_norm = empty(h)
+        self.gate_up_proj = empty(2 * config.intermediate_size, h)
+        self.down_proj = empty(h, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        hidden = rms_norm(x, self.input_norm, self.eps)
+        qkv = F.linear(hidden, self.qkv_proj, self.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = rope(positions, q, k)
+        write_kv(kv_cache, k, v, meta.slot_mapping)
+        attn = paged_attention(q, kv_cache, meta).view(num_tokens, self.q_size)
+        x = x + F.linear(attn, self.o_proj)
+        hidden = rms_norm(x, self.post_attention_norm, self.eps)
+        gate, up = F.linear(hidden, self.gate_up_proj).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.down_proj)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, max_positions: int) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, dtype=dtype),
+                                         requires_grad=False)
+        self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.num_hidden_layers))
+        self.norm = nn.Parameter(torch.empty(config.hidden_size, dtype=dtype), requires_grad=False)
+        self.lm_head = self.embed_tokens if config.tie_word_embeddings else nn.Parameter(
+            torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), requires_grad=False)
+        self.rope = RotaryEmbedding(config, max_positions, dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions: (num_tokens,). Returns final hidden states (num_tokens, hidden)."""
+        x = F.embedding(input_ids, self.embed_tokens)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, positions, self.rope, kv_cache, meta)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(hidden, self.norm, self.config.rms_norm_eps), self.lm_head)
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Copy Hugging Face-named tensors in, fusing q|k|v and gate|up. Missing or unexpected names raise."""
+        sd = {k.removeprefix("model."): v for k, v in state_dict.items()}
+        copy = lambda dst, src: dst.data.copy_(src.to(self.dtype))  # noqa: E731
+        copy(self.embed_tokens, sd.pop("embed_tokens.weight"))
+        copy(self.norm, sd.pop("norm.weight"))
+        head = sd.pop("lm_head.weight", None)
+        if not self.config.tie_word_embeddings:
+            if head is None:
+                raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
+            copy(self.lm_head, head)
+        for i, layer in enumerate(self.layers):
+            p = f"layers.{i}."
+            take = lambda name: sd.pop(p + name)  # noqa: E731
+            copy(layer.input_norm, take("input_layernorm.weight"))
+            copy(layer.post_attention_norm, take("post_attention_layernorm.weight"))
+            copy(layer.qkv_proj, torch.cat([take(f"self_attn.{n}_proj.weight") for n in "qkv"]))
+            if layer.qkv_bias is not None:
+                copy(layer.qkv_bias, torch.cat([take(f"self_attn.{n}_proj.bias") for n in "qkv"]))
+            copy(layer.o_proj, take("self_attn.o_proj.weight"))
+            copy(layer.gate_up_proj, torch.cat([take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")]))
+            copy(layer.down_proj, take("mlp.down_proj.weight"))
+        leftover = [k for k in sd if "rotary_emb" not in k]
+        if leftover:
+            raise ValueError(f"unexpected weights in checkpoint: {leftover[:5]}")

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from servelab.model.loader import resolve_model_path
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+TINY_DIMS = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+    vocab_size=49152, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+)
+LLAMA3_ROPE_SCALING = {
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 128,
+}
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """SmolLM2-135M-Instruct converted from its GGUF (once per cache, then reused)."""
+    return resolve_model_path(None)
+
+
+def _save_tiny(model, folder: Path, default_model_dir: Path) -> Path:
+    # Wider-than-default weights give peaked logits (no near-ties for greedy parity to trip on) and
+    # non-zero biases (HF initialises them to zero, which would leave the QKV-bias path untested).
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.normal_(0.0, 0.02 if "norm" not in name else 0.1).add_(1.0 if "norm" in name else 0.0)
+            if "embed" not in name and "norm" not in name:
+                param.mul_(8.0)
+    model.save_pretrained(folder, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        shutil.copy(default_model_dir / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, default_model_dir) -> Path:
+    """Random 2-layer Llama (GQA, untied lm_head, llama3 rope scaling) with SmolLM2's tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**TINY_DIMS, tie_word_embeddings=False, rope_scaling=dict(LLAMA3_ROPE_SCALING),
+                         dtype="float32")
+    return _save_tiny(LlamaForCausalLM(config), tmp_path_factory.mktemp("tiny_llama"), default_model_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory, default_model_dir) -> Path:
+    """Random 2-layer Qwen2 (GQA, QKV bias) with SmolLM2's tokenizer."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(1)
+    config = Qwen2Config(**TINY_DIMS, tie_word_embeddings=False, dtype="float32")
+    return _save_tiny(Qwen2ForCausalLM(config), tmp_path_factory.mktemp("tiny_qwen2"), default_model_dir)
