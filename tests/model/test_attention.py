@@ -33,7 +33,7 @@ def test_decode_batch_and_prefill_chunks_match_reference(dtype, tol):
     mask = (torch.arange(max_blocks * BLOCK)[None] < torch.tensor([5, 12])[:, None])[:, None, None, :]
     meta = AttentionMetadata(
         slot_mapping=torch.zeros(0, dtype=torch.long), num_decode_tokens=2,
-        decode_block_tables=dec_tables, decode_mask=mask,
+        decode_block_tables=dec_tables, decode_mask=mask, decode_context_lens=torch.tensor([5, 12]),
         prefills=[PrefillChunk(2, 1, 0, torch.tensor(tables[2])), PrefillChunk(3, 4, 5, torch.tensor(tables[3]))])
     out = paged_attention(q, cache, meta)
     row = 0

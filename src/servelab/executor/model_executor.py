@@ -109,12 +109,12 @@ class ModelExecutor:
         input_ids = torch.tensor(ids, dtype=torch.long)
         positions = torch.tensor(pos, dtype=torch.long)
         slot_mapping = torch.tensor(slots, dtype=torch.long)
-        decode_tables = decode_mask = None
+        decode_tables = decode_mask = decode_lens = None
         if decodes:
             max_blocks = max(len(s.block_ids) for s in decodes)
             decode_tables = torch.tensor([s.block_ids + [0] * (max_blocks - len(s.block_ids)) for s in decodes])
-            context = positions + 1
-            decode_mask = (torch.arange(max_blocks * bs)[None, :] < context[:, None])[:, None, None, :]
+            decode_lens = positions + 1
+            decode_mask = (torch.arange(max_blocks * bs)[None, :] < decode_lens[:, None])[:, None, None, :]
         chunks, id_parts, pos_parts, slot_parts = [], [input_ids], [positions], [slot_mapping]
         row = len(decodes)
         for s in prefills:
@@ -127,5 +127,5 @@ class ModelExecutor:
             row += s.num_new_tokens
         if prefills:
             input_ids, positions, slot_mapping = (torch.cat(x) for x in (id_parts, pos_parts, slot_parts))
-        meta = AttentionMetadata(slot_mapping, len(decodes), decode_tables, decode_mask, chunks)
+        meta = AttentionMetadata(slot_mapping, len(decodes), decode_tables, decode_mask, decode_lens, chunks)
         return input_ids, positions, meta

@@ -26,42 +26,55 @@ class AttentionMetadata:
     num_decode_tokens: int
     decode_block_tables: torch.Tensor | None  # (num_decodes, max_blocks) int64, padded with block 0
     decode_mask: torch.Tensor | None  # (num_decodes, 1, 1, max_blocks * block_size) bool, True = attend
+    decode_context_lens: torch.Tensor | None  # (num_decodes,) int64
     prefills: list[PrefillChunk]
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     # k, v: (num_tokens, num_kv_heads, head_dim)
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
-    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
 
 
-def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # cache: (num_blocks, block_size, kvh, hd); block_ids: (..., n) -> (..., n * block_size, kvh, hd)
-    gathered = cache[block_ids]
-    return gathered.flatten(-4, -3)
+    return cache[block_ids].flatten(-4, -3).to(dtype)
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     """q: (num_tokens, num_heads, head_dim), KV of this step already written. Returns the same shape."""
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = kv_cache.shape[3]
-    group = num_heads // num_kv_heads
     out = torch.empty_like(q)
     num_decode = meta.num_decode_tokens
     if num_decode:
-        # Each KV head serves `group` query heads: treat them as a query length, no KV repeat needed.
-        qd = q[:num_decode].view(num_decode, num_kv_heads, group, head_dim)
-        k = _gather(kv_cache[0], meta.decode_block_tables).transpose(1, 2)  # (B, kvh, L, hd)
-        v = _gather(kv_cache[1], meta.decode_block_tables).transpose(1, 2)
-        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=meta.decode_mask)
-        out[:num_decode] = o.reshape(num_decode, num_heads, head_dim)
-    for chunk in meta.prefills:
-        rows = slice(chunk.start, chunk.start + chunk.num_tokens)
+        out[:num_decode] = decode_attention(q[:num_decode], kv_cache, meta)
+    if meta.prefills:
+        out[num_decode:] = prefill_attention(q[num_decode:], kv_cache, meta.prefills, row_offset=num_decode)
+    return out
+
+
+def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    num_decode, num_heads, head_dim = q.shape
+    num_kv_heads = kv_cache.shape[3]
+    # Each KV head serves `group` query heads: treat them as a query length, no KV repeat needed.
+    qd = q.view(num_decode, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    k = _gather(kv_cache[0], meta.decode_block_tables, q.dtype).transpose(1, 2)  # (B, kvh, L, hd)
+    v = _gather(kv_cache[1], meta.decode_block_tables, q.dtype).transpose(1, 2)
+    o = F.scaled_dot_product_attention(qd, k, v, attn_mask=meta.decode_mask)
+    return o.reshape(num_decode, num_heads, head_dim)
+
+
+def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, chunks: list[PrefillChunk],
+                      row_offset: int) -> torch.Tensor:
+    """Causal attention of each prefill chunk over its cached context and itself. q holds the
+    chunks' rows only; chunk.start counts from row_offset."""
+    out = torch.empty_like(q)
+    for chunk in chunks:
+        rows = slice(chunk.start - row_offset, chunk.start - row_offset + chunk.num_tokens)
         qp = q[rows].transpose(0, 1).unsqueeze(0)  # (1, H, n, hd)
         context = chunk.num_computed_tokens + chunk.num_tokens
-        k = _gather(kv_cache[0], chunk.block_table)[:context].transpose(0, 1).unsqueeze(0)
-        v = _gather(kv_cache[1], chunk.block_table)[:context].transpose(0, 1).unsqueeze(0)
+        k = _gather(kv_cache[0], chunk.block_table, q.dtype)[:context].transpose(0, 1).unsqueeze(0)
+        v = _gather(kv_cache[1], chunk.block_table, q.dtype)[:context].transpose(0, 1).unsqueeze(0)
         if chunk.num_computed_tokens == 0:
             o = F.scaled_dot_product_attention(qp, k, v, is_causal=True, enable_gqa=True)
         else:

@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from servelab.config import ModelConfig
-from servelab.model.attention import AttentionMetadata, paged_attention, write_kv
+from servelab.kernels import cpu_ops
+from servelab.model.attention import AttentionMetadata, paged_attention, prefill_attention, write_kv
+from servelab.model.layers import compute_dtype, linear
 
 
 def rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
@@ -87,7 +89,7 @@ class DecoderLayer(nn.Module):
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
         hidden = rms_norm(x, self.input_norm, self.eps)
-        qkv = F.linear(hidden, self.qkv_proj, self.qkv_bias)
+        qkv = linear(hidden, self.qkv_proj, self.qkv_bias)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -95,10 +97,40 @@ class DecoderLayer(nn.Module):
         q, k = rope(positions, q, k)
         write_kv(kv_cache, k, v, meta.slot_mapping)
         attn = paged_attention(q, kv_cache, meta).view(num_tokens, self.q_size)
-        x = x + F.linear(attn, self.o_proj)
+        x = x + linear(attn, self.o_proj)
         hidden = rms_norm(x, self.post_attention_norm, self.eps)
-        gate, up = F.linear(hidden, self.gate_up_proj).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down_proj)
+        gate, up = linear(hidden, self.gate_up_proj).chunk(2, dim=-1)
+        return x + linear(F.silu(gate) * up, self.down_proj)
+
+
+    def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                      rope: RotaryEmbedding, kv_cache: torch.Tensor, meta: AttentionMetadata, ops,
+                      norms: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same layer through servelab's CPU ops (vLLM's residual-stream form): x enters as the
+        previous layer's output (or the embeddings) and leaves un-added; residual carries the sum."""
+        if residual is None:
+            residual, x = x, ops.rms_norm(x, norms[0], self.eps)
+        else:
+            ops.add_rms_norm_(x, residual, norms[0], self.eps)
+        qkv = linear(x, self.qkv_proj, self.qkv_bias)
+        ops.rope_and_cache_(qkv, positions, rope.cos, rope.sin, self.num_heads, self.num_kv_heads, kv_cache,
+                            meta.slot_mapping)
+        q = qkv[:, :self.q_size]
+        num_decode = meta.num_decode_tokens
+        if not meta.prefills:
+            attn = ops.paged_decode_attention(q, kv_cache, meta.decode_block_tables, meta.decode_context_lens,
+                                              self.num_heads)
+        else:
+            attn = torch.empty(q.shape, dtype=q.dtype)
+            if num_decode:
+                attn[:num_decode] = ops.paged_decode_attention(
+                    q[:num_decode], kv_cache, meta.decode_block_tables, meta.decode_context_lens, self.num_heads)
+            qp = q[num_decode:].reshape(-1, self.num_heads, self.head_dim)
+            attn[num_decode:] = prefill_attention(qp, kv_cache, meta.prefills, num_decode).flatten(1)
+        x = linear(attn, self.o_proj)
+        ops.add_rms_norm_(x, residual, norms[1], self.eps)
+        x = linear(ops.silu_and_mul(linear(x, self.gate_up_proj)), self.down_proj)
+        return x, residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -112,18 +144,34 @@ class LlamaForCausalLM(nn.Module):
         self.norm = nn.Parameter(torch.empty(config.hidden_size, dtype=dtype), requires_grad=False)
         self.lm_head = self.embed_tokens if config.tie_word_embeddings else nn.Parameter(
             torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), requires_grad=False)
-        self.rope = RotaryEmbedding(config, max_positions, dtype)
+        # Weights (and the KV cache) are stored in dtype; activations run in compute_dtype.
+        self.compute_dtype = compute_dtype(dtype, torch.device("cpu"))
+        # bf16 weights on a CPU with servelab's ops take the fused path; fp32 stays on the
+        # PyTorch reference path, which matches Hugging Face bit for bit.
+        self.ops = cpu_ops() if dtype == torch.bfloat16 and self.compute_dtype == torch.float32 else None
+        self._fused_norms: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.rope = RotaryEmbedding(config, max_positions, self.compute_dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions: (num_tokens,). Returns final hidden states (num_tokens, hidden)."""
-        x = F.embedding(input_ids, self.embed_tokens)
+        """input_ids, positions: (num_tokens,). Returns final-normed hidden states (num_tokens, hidden)."""
+        x = F.embedding(input_ids, self.embed_tokens).to(self.compute_dtype)
+        if self.ops is not None:
+            return self._forward_fused(x, positions, kv_caches, meta)
         for layer, kv_cache in zip(self.layers, kv_caches):
             x = layer(x, positions, self.rope, kv_cache, meta)
+        return rms_norm(x, self.norm, self.config.rms_norm_eps)
+
+    def _forward_fused(self, x, positions, kv_caches, meta) -> torch.Tensor:
+        residual = None
+        for layer, kv_cache, norms in zip(self.layers, kv_caches, self._fused_norms):
+            x, residual = layer.forward_fused(x, residual, positions, self.rope, kv_cache, meta, self.ops, norms)
+        self.ops.add_rms_norm_(x, residual, self._final_norm, self.config.rms_norm_eps)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(hidden, self.norm, self.config.rms_norm_eps), self.lm_head)
+        """hidden: final-normed states of the rows to sample (forward() applies the final norm)."""
+        return linear(hidden, self.lm_head)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Copy Hugging Face-named tensors in, fusing q|k|v and gate|up. Missing or unexpected names raise."""
@@ -150,3 +198,6 @@ class LlamaForCausalLM(nn.Module):
         leftover = [k for k in sd if "rotary_emb" not in k]
         if leftover:
             raise ValueError(f"unexpected weights in checkpoint: {leftover[:5]}")
+        if self.ops is not None:
+            self._fused_norms = [(lay.input_norm.float(), lay.post_attention_norm.float()) for lay in self.layers]
+            self._final_norm = self.norm.float()

@@ -1,0 +1,44 @@
+"""servelab's CPU ops (AVX2 + FMA), compiled on first use with torch.utils.cpp_extension and cached
+per user. The PyTorch model code stays the reference; these are the fast path for bf16 weights."""
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+SOURCES = ("bindings.cpp", "linear_bf16.cpp", "cpu_ops.cpp")
+
+
+def _cpu_has_avx2_fma() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx2" in flags and "fma" in flags
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_ops():
+    """The compiled module, or None where it cannot be built (no AVX2/FMA, no C++ compiler, or
+    SERVELAB_NO_KERNELS=1); callers then stay on PyTorch's own ops."""
+    if os.environ.get("SERVELAB_NO_KERNELS") == "1" or not _cpu_has_avx2_fma():
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        here = Path(__file__).parent
+        cache = Path(os.environ.get("SERVELAB_CACHE_DIR", Path.home() / ".cache" / "servelab")) / "kernels"
+        cache.mkdir(parents=True, exist_ok=True)
+        return load(name="servelab_cpu_ops", sources=[str(here / s) for s in SOURCES],
+                    extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                    build_directory=str(cache), verbose=False)
+    except Exception as exc:  # a missing compiler must not stop the engine, only slow bf16 down
+        logger.warning("servelab CPU kernels unavailable (%s); using PyTorch ops", exc)
+        return None
+
+
+def linear_bf16w():
+    ops = cpu_ops()
+    return None if ops is None else ops.linear_bf16w

@@ -1,0 +1,46 @@
+"""bfloat16 (servelab's CPU fast path: bf16 weights and KV cache, fp32 activations) against float32."""
+import pytest
+
+from servelab import LLM, SamplingParams
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "In 1905, Albert Einstein published",
+           "Paged attention stores the KV cache in"]
+# Max |logprob(bf16) - logprob(fp32)| over the 5 most likely next tokens at each of 16 steps.
+LOGPROB_TOLERANCE = 0.15
+
+
+@pytest.fixture(scope="module")
+def runs(default_model_dir):
+    # Teacher-force the fp32 greedy continuation through both, so each step compares the same context.
+    params = SamplingParams(temperature=0, max_tokens=16, logprobs=5)
+    fp32 = LLM(str(default_model_dir), dtype="float32").generate(PROMPTS, params)
+    bf16_llm = LLM(str(default_model_dir), dtype="bfloat16")
+    tok = bf16_llm.get_tokenizer()
+    teacher = []
+    for prompt, out in zip(PROMPTS, fp32):
+        ids = tok.encode(prompt)
+        for step in range(len(out.outputs[0].token_ids)):
+            teacher.append({"prompt_token_ids": ids + out.outputs[0].token_ids[:step]})
+    bf16 = bf16_llm.generate(teacher, SamplingParams(temperature=0, max_tokens=1, logprobs=5))
+    fp32_steps = [lp for out in fp32 for lp in out.outputs[0].logprobs]
+    return fp32_steps, [out.outputs[0].logprobs[0] for out in bf16], bf16_llm
+
+
+def test_bf16_logprobs_within_tolerance(runs):
+    fp32_steps, bf16_steps, _ = runs
+    assert len(fp32_steps) == len(bf16_steps) > 16
+    worst = 0.0
+    for a, b in zip(fp32_steps, bf16_steps):
+        b_top = dict(b.top_logprobs)
+        for token_id, lp in a.top_logprobs:
+            if token_id in b_top:
+                worst = max(worst, abs(lp - b_top[token_id]))
+    print(f"worst bf16-fp32 logprob gap: {worst:.4f}")
+    assert worst < LOGPROB_TOLERANCE, worst
+
+
+def test_bf16_greedy_agrees_with_fp32_on_nearly_every_step(runs):
+    fp32_steps, bf16_steps, llm = runs
+    agree = sum(a.token_id == b.token_id for a, b in zip(fp32_steps, bf16_steps))
+    assert agree >= 0.9 * len(fp32_steps)
+    assert llm.engine.executor.model.ops is not None, "bf16 should run servelab's CPU ops here"
