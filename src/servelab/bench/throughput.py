@@ -1,8 +1,9 @@
-"""`servelab bench throughput`: offline batch throughput, like `vllm bench throughput`, with the
-Hugging Face static-batching baseline in the same run."""
+"""`servelab bench throughput`: offline batch throughput, like `vllm bench throughput`, with several
+servelab schedules and the Hugging Face static-batching baseline measured in the same run."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import shlex
 import sys
@@ -19,9 +20,16 @@ def add_parser(sub) -> None:
     p.add_argument("--range-ratio", type=float, default=0.7778,
                    help="lengths uniform in [len*(1-r), len*(1+r)]; defaults give 64-512 in, 32-256 out")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--schedules", default=None,
+                   help="comma-separated schedules to run one after another on the same requests "
+                        "(default: --schedule)")
     p.add_argument("--baseline", choices=["none", "hf"], default="none",
                    help="also run Hugging Face transformers generate with static batches")
     p.add_argument("--hf-batch-size", type=int, default=32)
+    p.add_argument("--hf-dtype", default=None, help="dtype for the HF baseline (default: servelab's)")
+    p.add_argument("--baseline-num-prompts", type=int, default=None,
+                   help="run the baseline (and servelab again, for a like-for-like ratio) on only the first "
+                        "N requests: HF's bf16 path is slow on CPUs without native bf16")
     p.add_argument("--name", default=None, help="result file stem under benchmarks/results/")
     EngineArgs.add_cli_args(p)
     p.set_defaults(func=run)
@@ -38,71 +46,89 @@ def random_requests(num: int, input_len: int, output_len: int, ratio: float, voc
     return prompts, outs
 
 
-def run(args: argparse.Namespace) -> int:
+def _rates(label: str, n: int, prompt_tokens: int, output_tokens: int, elapsed: float, **extra) -> dict:
+    return {"engine": label, "num_requests": n, "elapsed_s": elapsed, "request_throughput": n / elapsed,
+            "output_throughput": output_tokens / elapsed,
+            "total_token_throughput": (prompt_tokens + output_tokens) / elapsed, **extra}
+
+
+def run_servelab(engine, prompts: list[list[int]], outs: list[int], label: str) -> dict:
     from tqdm import tqdm
 
-    from servelab.bench.results import markdown_table, write_results
-    from servelab.llm_engine import LLMEngine
     from servelab.sampling_params import SamplingParams
 
-    engine_args = EngineArgs.from_cli_args(args)
-    engine = LLMEngine.from_engine_args(engine_args)
-    tok = engine.tokenizer
-    # Ordinary tokens only: skip the special ones at the start of the vocabulary.
-    vocab = range(len(tok.all_special_ids) + 1, engine.config.model.vocab_size)
-    prompts, outs = random_requests(args.num_prompts, args.input_len, args.output_len, args.range_ratio,
-                                    vocab, args.seed)
     peak_kv, steps = 0.0, 0
-    bar = tqdm(total=len(prompts), desc=f"servelab {engine_args.schedule}", unit="req")
+    preempted_before = engine.scheduler.num_preemptions_total
+    bar = tqdm(total=len(prompts), desc=label, unit="req")
     start = time.perf_counter()
     for i, (p, n) in enumerate(zip(prompts, outs)):
-        engine.add_request(f"b{i}", {"prompt_token_ids": p}, SamplingParams(max_tokens=n, ignore_eos=True))
+        engine.add_request(f"{label}-{i}", {"prompt_token_ids": p}, SamplingParams(max_tokens=n, ignore_eos=True))
     while engine.has_unfinished_requests():
-        done = sum(o.finished for o in engine.step())
-        bar.update(done)
+        bar.update(sum(o.finished for o in engine.step()))
         steps += 1
         if engine.last_step_stats is not None:
             peak_kv = max(peak_kv, engine.last_step_stats.kv_usage)
     elapsed = time.perf_counter() - start
     bar.close()
-    prompt_tokens, output_tokens = sum(map(len, prompts)), sum(outs)
-    rows = [{
-        "engine": f"servelab --schedule {engine_args.schedule}", "requests/s": len(prompts) / elapsed,
-        "output tok/s": output_tokens / elapsed, "total tok/s": (prompt_tokens + output_tokens) / elapsed,
-        "elapsed s": elapsed, "peak KV use": f"{peak_kv:.1%}",
-        "preemptions": engine.scheduler.num_preemptions_total,
-    }]
-    result = {"servelab": {"schedule": engine_args.schedule, "dtype": engine.config.dtype, "elapsed_s": elapsed,
-                           "request_throughput": len(prompts) / elapsed, "output_throughput": output_tokens / elapsed,
-                           "total_token_throughput": (prompt_tokens + output_tokens) / elapsed,
-                           "peak_kv_usage": peak_kv, "num_preemptions": engine.scheduler.num_preemptions_total,
-                           "num_steps": steps, "max_num_seqs": engine_args.max_num_seqs,
-                           "max_num_batched_tokens": engine_args.max_num_batched_tokens,
-                           "num_kv_blocks": engine.executor.num_blocks},
-              "num_prompts": len(prompts), "prompt_tokens": prompt_tokens, "output_tokens": output_tokens}
+    return _rates(label, len(prompts), sum(map(len, prompts)), sum(outs), elapsed, peak_kv_usage=peak_kv,
+                  num_preemptions=engine.scheduler.num_preemptions_total - preempted_before, num_steps=steps)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from servelab.bench.results import markdown_table, write_results
+    from servelab.llm_engine import LLMEngine
+
+    base_args = EngineArgs.from_cli_args(args)
+    schedules = (args.schedules or base_args.schedule).split(",")
+    runs, engine = [], None
+    for schedule in schedules:
+        engine_args = dataclasses.replace(base_args, schedule=schedule)
+        engine = LLMEngine.from_engine_args(engine_args)
+        tok = engine.tokenizer
+        # Ordinary tokens only: the special ones sit at the start of the vocabulary.
+        vocab = range(max(tok.all_special_ids, default=0) + 1, engine.config.model.vocab_size)
+        prompts, outs = random_requests(args.num_prompts, args.input_len, args.output_len, args.range_ratio,
+                                        vocab, args.seed)
+        runs.append(run_servelab(engine, prompts, outs, f"servelab --schedule {schedule}"))
+    dtype = engine.config.dtype
+    result = {"dtype": dtype, "num_prompts": len(prompts), "prompt_tokens": sum(map(len, prompts)),
+              "output_tokens": sum(outs), "max_num_seqs": base_args.max_num_seqs,
+              "max_num_batched_tokens": base_args.max_num_batched_tokens, "runs": runs}
+    if "static" in schedules and "continuous" in schedules:
+        by = {r["engine"].rsplit(" ", 1)[-1]: r for r in runs}
+        result["continuous_vs_static"] = by["continuous"]["output_throughput"] / by["static"]["output_throughput"]
     if args.baseline == "hf":
         from servelab.bench.hf_baseline import run_hf_static
         from servelab.model.loader import resolve_model_path
 
+        n = args.baseline_num_prompts or len(prompts)
+        sub_prompts, sub_outs = prompts[:n], outs[:n]
+        ours = runs[-1] if n == len(prompts) else run_servelab(
+            engine, sub_prompts, sub_outs, f"servelab --schedule {schedules[-1]} (first {n})")
+        if n != len(prompts):
+            runs.append(ours)
         del engine
-        bar = tqdm(total=len(prompts), desc=f"hf static batch {args.hf_batch_size}", unit="req")
-        dtype = getattr(__import__("torch"), result["servelab"]["dtype"])
-        hf = run_hf_static(resolve_model_path(args.model), dtype, prompts, outs, args.hf_batch_size,
-                           tok.eos_token_ids[0], bar)
+        hf_dtype = args.hf_dtype or dtype
+        bar = tqdm(total=n, desc=f"hf static batch {args.hf_batch_size}", unit="req")
+        hf = run_hf_static(resolve_model_path(args.model), getattr(__import__("torch"), hf_dtype), sub_prompts,
+                           sub_outs, args.hf_batch_size, tok.eos_token_ids[0], bar)
         bar.close()
-        t = hf["elapsed_s"]
-        result["hf"] = {"batch_size": args.hf_batch_size, "elapsed_s": t, "request_throughput": len(prompts) / t,
-                        "output_throughput": output_tokens / t,
-                        "total_token_throughput": (prompt_tokens + output_tokens) / t}
-        result["speedup_vs_hf"] = result["servelab"]["output_throughput"] / result["hf"]["output_throughput"]
-        rows.append({"engine": f"hf transformers static batch {args.hf_batch_size}", "requests/s": len(prompts) / t,
-                     "output tok/s": output_tokens / t, "total tok/s": (prompt_tokens + output_tokens) / t,
-                     "elapsed s": t, "peak KV use": "-", "preemptions": "-"})
+        hf_run = _rates(f"hf transformers {hf_dtype} static batch {args.hf_batch_size}", n, hf["prompt_tokens"],
+                        hf["output_tokens"], hf["elapsed_s"])
+        runs.append(hf_run)
+        result["speedup_vs_hf"] = ours["output_throughput"] / hf_run["output_throughput"]
     result["command"] = "servelab " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    name = args.name or f"throughput-{engine_args.schedule}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = args.name or f"throughput-{time.strftime('%Y%m%d-%H%M%S')}"
+    rows = [{"engine": r["engine"], "requests": r["num_requests"], "requests/s": r["request_throughput"],
+             "output tok/s": r["output_throughput"], "total tok/s": r["total_token_throughput"],
+             "elapsed s": r["elapsed_s"], "peak KV use": f"{r['peak_kv_usage']:.1%}" if "peak_kv_usage" in r else "-",
+             "preemptions": r.get("num_preemptions", "-")} for r in runs]
     json_path, _ = write_results(name, result, rows)
     print(markdown_table(rows))
-    if "speedup_vs_hf" in result:
-        print(f"\nservelab / HF output tokens/s: {result['speedup_vs_hf']:.2f}x")
+    for key, label in (("continuous_vs_static", "continuous / static"), ("speedup_vs_hf", "servelab / HF")):
+        if key in result:
+            print(f"{label} output tokens/s: {result[key]:.2f}x")
     print(f"results: {json_path}")
     return 0

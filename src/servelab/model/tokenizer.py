@@ -117,6 +117,10 @@ class Tokenizer:
         return self._backend.get_vocab_size(with_added_tokens=True)
 
     @property
+    def all_special_ids(self) -> list[int]:
+        return sorted(i for i, tok in self._backend.get_added_tokens_decoder().items() if tok.special)
+
+    @property
     def chat_template(self) -> str | None:
         return self._chat_template
 
