@@ -265,8 +265,9 @@ def test_resolve_dtype():
     assert resolve_dtype("float32") is torch.float32
     assert resolve_dtype("bfloat16") is torch.bfloat16
     assert resolve_dtype("float16") is torch.float16
-    cuda_bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    assert resolve_dtype("auto") is (torch.bfloat16 if cuda_bf16 or loader._cpu_has_fast_bf16() else torch.float32)
+    from servelab.kernels import cpu_ops
+    fast_bf16 = loader._cpu_has_fast_bf16() or cpu_ops() is not None
+    assert resolve_dtype("auto") is (torch.bfloat16 if fast_bf16 else torch.float32)
     with pytest.raises(ValueError, match="auto, float32, bfloat16, float16"):
         resolve_dtype("fp8")
 

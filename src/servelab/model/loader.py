@@ -122,11 +122,12 @@ def _cpu_has_fast_bf16() -> bool:
 
 
 def resolve_dtype(name: str) -> torch.dtype:
-    """'auto' is bfloat16 on CUDA or on CPUs with native bf16 (AVX512-BF16 / AMX), else float32."""
+    """'auto' is bfloat16 where it is fast on this CPU: native bf16 (AVX512-BF16 / AMX) or servelab's
+    AVX2 kernels (bf16 storage, fp32 math); else float32."""
     if name == "auto":
-        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
+        from servelab.kernels import cpu_ops
+
+        return torch.bfloat16 if _cpu_has_fast_bf16() or cpu_ops() is not None else torch.float32
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose one of auto, {', '.join(DTYPES)}")
     return DTYPES[name]
