@@ -18,36 +18,45 @@ class BlockManager:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        # Free list in allocation order. reserve_contiguous takes blocks out of its middle; rather
+        # than rebuild the deque (O(num_blocks) per reservation) it counts them in _num_stale and
+        # allocation skips them when they reach the front. Only the last occurrence of a block can
+        # be live, so a block's first _num_stale[b] occurrences are the stale ones.
         self._free_block_ids: deque[int] = deque(range(num_blocks))
+        self._num_stale: dict[int, int] = {}
+        self._num_free = num_blocks
         self._ref_counts = [0] * num_blocks
+        # 1 where a block is owned: first-fit search for a free run is a bytes.find.
+        self._in_use = bytearray(num_blocks)
         self.block_tables: dict[str, list[int]] = {}
         # Tokens actually written per request, to measure reserved-but-unused slots.
         self._num_tokens: dict[str, int] = {}
+        self._num_tokens_total = 0
+        self._num_table_blocks = 0
         self._contiguous: set[str] = set()
 
     # ---- queries
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_block_ids)
+        return self._num_free
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free_block_ids)
+        return self.num_blocks - self._num_free
 
     @property
     def usage(self) -> float:
-        return self.num_used_blocks / self.num_blocks
+        return (self.num_blocks - self._num_free) / self.num_blocks
 
     def num_blocks_for(self, num_tokens: int) -> int:
-        return cdiv(num_tokens, self.block_size)
+        return -(-num_tokens // self.block_size)
 
     def get_block_table(self, request_id: str) -> list[int]:
         return self.block_tables[request_id]
 
     def num_reserved_unused_slots(self) -> int:
         """Token slots held by requests but not (yet) filled: the waste of contiguous reservation."""
-        held = sum(len(t) for t in self.block_tables.values()) * self.block_size
-        return held - sum(self._num_tokens.values())
+        return self._num_table_blocks * self.block_size - self._num_tokens_total
 
     # ---- paged allocation (stage 3+)
     def num_new_blocks_needed(self, request_id: str, num_tokens: int) -> int:
@@ -55,21 +64,67 @@ class BlockManager:
         return max(0, self.num_blocks_for(num_tokens) - have)
 
     def can_allocate(self, request_id: str, num_tokens: int) -> bool:
-        return self.num_new_blocks_needed(request_id, num_tokens) <= self.num_free_blocks
+        return self.num_new_blocks_needed(request_id, num_tokens) <= self._num_free
 
     def allocate_slots(self, request_id: str, num_tokens: int) -> list[int] | None:
         """Grow the request's table to hold num_tokens in total; return the new block ids, or None
         (allocating nothing) when the pool has too few free blocks."""
-        if request_id in self._contiguous and num_tokens > len(self.block_tables[request_id]) * self.block_size:
-            raise RuntimeError(f"request {request_id} outgrew its contiguous reservation")
-        need = self.num_new_blocks_needed(request_id, num_tokens)
-        if need > self.num_free_blocks:
+        table = self.block_tables.get(request_id)
+        need = -(-num_tokens // self.block_size) - (0 if table is None else len(table))
+        if need > 0:
+            if request_id in self._contiguous:
+                raise RuntimeError(f"request {request_id} outgrew its contiguous reservation")
+            if need > self._num_free:
+                return None
+            new_ids = self._pop_free(need)
+            if table is None:
+                self.block_tables[request_id] = list(new_ids)
+            else:
+                table.extend(new_ids)
+            self._num_table_blocks += need
+        else:
+            new_ids = []
+            if table is None:
+                self.block_tables[request_id] = []
+        old = self._num_tokens.get(request_id, 0)
+        if num_tokens > old or request_id not in self._num_tokens:
+            self._num_tokens[request_id] = max(old, num_tokens)
+            self._num_tokens_total += max(old, num_tokens) - old
+        return new_ids
+
+    def _pop_free(self, count: int) -> list[int]:
+        free, stale, refs, in_use = self._free_block_ids, self._num_stale, self._ref_counts, self._in_use
+        if stale:
+            ids = []
+            while len(ids) < count:
+                block_id = free.popleft()
+                left = stale.get(block_id)
+                if left:
+                    if left == 1:
+                        del stale[block_id]
+                    else:
+                        stale[block_id] = left - 1
+                    continue
+                ids.append(block_id)
+        else:
+            ids = [free.popleft() for _ in range(count)]
+        for block_id in ids:
+            refs[block_id] += 1
+            in_use[block_id] = 1
+        self._num_free -= count
+        return ids
+
+    def append_blocks(self, request_ids: list[str]) -> list[int] | None:
+        """Give each listed request (which already holds a paged table) one more block, in list order;
+        a request may be listed several times. All or nothing: None when the pool is short. The same
+        ids as one allocate_slots call per entry, in that order (multi-step decode uses it)."""
+        if len(request_ids) > self._num_free:
             return None
-        new_ids = [self._free_block_ids.popleft() for _ in range(need)]
-        for block_id in new_ids:
-            self._ref_counts[block_id] += 1
-        self.block_tables.setdefault(request_id, []).extend(new_ids)
-        self._num_tokens[request_id] = max(self._num_tokens.get(request_id, 0), num_tokens)
+        new_ids = self._pop_free(len(request_ids))
+        tables = self.block_tables
+        for request_id, block_id in zip(request_ids, new_ids):
+            tables[request_id].append(block_id)
+        self._num_table_blocks += len(new_ids)
         return new_ids
 
     # ---- contiguous reservation (stages 1 and 2)
@@ -83,45 +138,72 @@ class BlockManager:
         if start is None:
             return None
         ids = list(range(start, start + need))
-        taken = set(ids)
-        self._free_block_ids = deque(b for b in self._free_block_ids if b not in taken)
+        stale = self._num_stale
         for block_id in ids:
             self._ref_counts[block_id] += 1
+            stale[block_id] = stale.get(block_id, 0) + 1
+        self._in_use[start:start + need] = b"\x01" * need
+        self._num_free -= need
         self.block_tables[request_id] = ids
+        self._num_table_blocks += need
+        self._num_tokens_total -= self._num_tokens.get(request_id, 0)
         self._num_tokens[request_id] = 0
         self._contiguous.add(request_id)
+        if len(self._free_block_ids) > 2 * self.num_blocks:
+            self._free_block_ids = deque(self._live_free_ids())
+            stale.clear()
         return ids
 
     def _find_free_run(self, length: int) -> int | None:
-        run_start, run_len = 0, 0
-        for block_id in range(self.num_blocks):
-            if self._ref_counts[block_id] == 0:
-                if run_len == 0:
-                    run_start = block_id
-                run_len += 1
-                if run_len == length:
-                    return run_start
-            else:
-                run_len = 0
-        return None
+        if length < 1:
+            return None
+        start = self._in_use.find(bytes(length))
+        return None if start < 0 else start
 
     def record_tokens(self, request_id: str, num_tokens: int) -> None:
         """Note how many slots of a contiguous reservation hold KV now."""
+        self._num_tokens_total += num_tokens - self._num_tokens.get(request_id, 0)
         self._num_tokens[request_id] = num_tokens
+
+    def record_tokens_batch(self, request_ids: list[str], num_tokens: list[int]) -> None:
+        """record_tokens for many requests at once (multi-step decode)."""
+        counts = self._num_tokens
+        delta = 0
+        for request_id, n in zip(request_ids, num_tokens):
+            delta += n - counts.get(request_id, 0)
+            counts[request_id] = n
+        self._num_tokens_total += delta
 
     # ---- release
     def free(self, request_id: str) -> None:
         table = self.block_tables.pop(request_id, None)
         if table is None:
             return
-        self._num_tokens.pop(request_id, None)
+        self._num_tokens_total -= self._num_tokens.pop(request_id, 0)
+        self._num_table_blocks -= len(table)
         self._contiguous.discard(request_id)
+        refs, in_use, released = self._ref_counts, self._in_use, []
         for block_id in table:
-            self._ref_counts[block_id] -= 1
-            if self._ref_counts[block_id] < 0:
+            count = refs[block_id] - 1
+            refs[block_id] = count
+            if count == 0:
+                released.append(block_id)
+                in_use[block_id] = 0
+            elif count < 0:
                 raise RuntimeError(f"block {block_id} freed twice")
-            if self._ref_counts[block_id] == 0:
-                self._free_block_ids.append(block_id)
+        self._free_block_ids.extend(released)
+        self._num_free += len(released)
+
+    def _live_free_ids(self) -> list[int]:
+        """The free list in allocation order, stale entries skipped."""
+        skip = dict(self._num_stale)
+        live = []
+        for block_id in self._free_block_ids:
+            if skip.get(block_id):
+                skip[block_id] -= 1
+            else:
+                live.append(block_id)
+        return live
 
     def check_invariants(self) -> None:
         owned: dict[int, str] = {}
@@ -130,17 +212,21 @@ class BlockManager:
                 if block_id in owned:
                     raise AssertionError(f"block {block_id} owned by {owned[block_id]} and {request_id}")
                 owned[block_id] = request_id
-        free = list(self._free_block_ids)
+        free = self._live_free_ids()
         if len(set(free)) != len(free):
             raise AssertionError("a block is on the free list twice")
         if set(free) & set(owned):
             raise AssertionError(f"blocks both free and owned: {sorted(set(free) & set(owned))}")
         if len(free) + len(owned) != self.num_blocks:
             raise AssertionError(f"{self.num_blocks - len(free) - len(owned)} blocks are neither free nor owned")
+        if len(free) != self._num_free:
+            raise AssertionError(f"free count {self._num_free} but {len(free)} blocks on the free list")
         for block_id in range(self.num_blocks):
             expected = 1 if block_id in owned else 0
-            if self._ref_counts[block_id] != expected:
+            if self._ref_counts[block_id] != expected or self._in_use[block_id] != expected:
                 raise AssertionError(f"block {block_id} has ref count {self._ref_counts[block_id]}")
+        if self._num_table_blocks != len(owned) or self._num_tokens_total != sum(self._num_tokens.values()):
+            raise AssertionError("block or token counters out of step with the block tables")
 
 
 def num_blocks_for_memory(memory_bytes: int, kv_bytes_per_token: int, block_size: int) -> int:

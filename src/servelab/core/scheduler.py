@@ -12,11 +12,12 @@ from typing import Iterable
 
 from servelab.config import SchedulerConfig
 from servelab.core.block_manager import BlockManager
+from servelab.core.multi_step import MultiStepDecodeMixin
 from servelab.core.plan import ScheduledRequest, StepPlan, StepResult
 from servelab.core.request import Request, RequestStatus
 
 
-class Scheduler:
+class Scheduler(MultiStepDecodeMixin):
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
         self.config = config
         self.block_manager = block_manager
@@ -97,29 +98,33 @@ class Scheduler:
         return plan
 
     def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
+        running = self.running
+        allocate = None if self.config.contiguous else self.block_manager.allocate_slots  # reserved at admission
         index = 0
-        while index < len(self.running) and budget > 0:
-            request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._allocate_or_preempt(request, num_new, plan):
+        while index < len(running) and budget > 0:
+            request = running[index]
+            computed = request.num_computed_tokens
+            num_new = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
+            if num_new > budget:
+                num_new = budget
+            if (allocate is not None and allocate(request.request_id, computed + num_new) is None
+                    and not self._preempt_until_allocated(request, num_new, plan)):
                 break
             self._add_to_plan(plan, request, num_new, now)
             budget -= num_new
             index += 1
         return budget
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, plan: StepPlan) -> bool:
+    def _preempt_until_allocated(self, request: Request, num_new: int, plan: StepPlan) -> bool:
         """Make room for request's next num_new tokens, preempting from the back of the running
         queue (latest admitted first). False when the request itself had to be preempted."""
-        bm = self.block_manager
-        if self.config.contiguous:
-            return True  # reserved at admission
-        while bm.allocate_slots(request.request_id, request.num_computed_tokens + num_new) is None:
+        while True:
             victim = self.running.pop()
             self._preempt(victim, plan)
             if victim is request:
                 return False
-        return True
+            if self.block_manager.allocate_slots(request.request_id, request.num_computed_tokens + num_new) is not None:
+                return True
 
     def _preempt(self, request: Request, plan: StepPlan) -> None:
         self.block_manager.free(request.request_id)
@@ -156,21 +161,24 @@ class Scheduler:
             self.running.append(request)
 
     def _add_to_plan(self, plan: StepPlan, request: Request, num_new: int, now: float) -> None:
+        request_id = request.request_id
         start = request.num_computed_tokens
-        new_to_executor = request.request_id not in self._known_to_executor
+        end = start + num_new
+        new_to_executor = request_id not in self._known_to_executor
         if new_to_executor:
-            self._known_to_executor.add(request.request_id)
+            self._known_to_executor.add(request_id)
         if request.times.first_scheduled is None:
             request.times.first_scheduled = now
+        num_prompt = len(request.prompt_token_ids)
+        if start >= num_prompt:
+            token_ids = request.output_token_ids[start - num_prompt:end - num_prompt]
+        else:
+            token_ids = request.token_ids_slice(start, end)
         plan.scheduled.append(ScheduledRequest(
-            request_id=request.request_id,
-            token_ids=request.token_ids_slice(start, start + num_new),
-            num_computed_tokens=start,
-            block_ids=self.block_manager.get_block_table(request.request_id),
-            sample=start + num_new == request.num_tokens,
-            sampling_params=request.sampling_params,
-            prompt_token_ids=request.prompt_token_ids if new_to_executor else None,
-            output_token_ids=list(request.output_token_ids) if new_to_executor else None,
+            request_id, token_ids, start, self.block_manager.block_tables[request_id],
+            end == num_prompt + len(request.output_token_ids), request.sampling_params,
+            request.prompt_token_ids if new_to_executor else None,
+            list(request.output_token_ids) if new_to_executor else None,
         ))
 
     # ---- after the step
@@ -178,35 +186,44 @@ class Scheduler:
         """Advance progress, append sampled tokens, retire finished requests. Returns the requests
         that got a token or finished this step."""
         updated = []
+        requests = self.requests
+        sampled_tokens = result.sampled
+        record_tokens = self.block_manager.record_tokens if self.config.contiguous else None
         for scheduled in plan.scheduled:
-            request = self.requests.get(scheduled.request_id)
+            request = requests.get(scheduled.request_id)
             if request is None:  # aborted while the step ran
                 continue
-            request.num_computed_tokens += scheduled.num_new_tokens
-            if self.config.contiguous:
-                self.block_manager.record_tokens(request.request_id, request.num_computed_tokens)
-            sampled = result.sampled.get(request.request_id) if scheduled.sample else None
+            request.num_computed_tokens += len(scheduled.token_ids)
+            if record_tokens is not None:
+                record_tokens(request.request_id, request.num_computed_tokens)
+            sampled = sampled_tokens.get(request.request_id) if scheduled.sample else None
             if sampled is None:
                 continue
             request.output_token_ids.append(sampled.token_id)
-            if request.times.first_token is None:
-                request.times.first_token = now
-            request.times.token_times.append(now)
+            times = request.times
+            if times.first_token is None:
+                times.first_token = now
+            times.token_times.append(now)
             status = self._stop_status(request, sampled.token_id)
             if status is not None:
-                request.times.finished = now
+                times.finished = now
                 self.finish_request(request, status)
             updated.append(request)
         return updated
 
     @staticmethod
     def _stop_status(request: Request, token_id: int) -> RequestStatus | None:
+        status = Scheduler._stop_token_status(request, token_id)
+        if status is None and len(request.output_token_ids) >= request.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return status
+
+    @staticmethod
+    def _stop_token_status(request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params
         if not params.ignore_eos and token_id in request.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED
-        if token_id in params.stop_token_ids:
+        if params.stop_token_ids and token_id in params.stop_token_ids:
             request.stop_reason = token_id
             return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= request.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
         return None

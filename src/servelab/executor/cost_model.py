@@ -1,0 +1,264 @@
+"""CostModelExecutor: prices a StepPlan from its contents instead of running a model.
+
+Per step, on each of the tp GPUs of an instance (they work in parallel):
+  weights:       per layer max(matmul FLOPs / effective FLOP/s, weight bytes / effective bandwidth),
+                 plus the LM head for the rows that sample
+  attention:     max(score FLOPs, quadratic in chunk and context, / effective FLOP/s,
+                 KV bytes read and written / effective bandwidth) -- prefill is compute-bound,
+                 decode memory-bound, one fused kernel for both as in vLLM's varlen attention
+  communication: two all-reduces of the step's hidden states per layer, ring model
+  overhead:      a fixed cost per step plus one per scheduled request (CPU side)
+Samples a dummy token that never stops a request, so outputs run to max_tokens (like ignore_eos).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from servelab.core.plan import SampledToken, StepPlan, StepResult
+from servelab.core.multi_step import DecodeRun
+from servelab.lab.catalog import DTYPE_BYTES, DeviceSpec, ModelSpec
+
+DUMMY_TOKEN_ID = 0
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of a device's peak a serving engine reaches, and its CPU-side overheads."""
+    matmul: float
+    attention: float
+    memory: float
+    kv_memory: float
+    interconnect: float
+    ring_step_latency_s: float
+    step_overhead_s: float
+    request_overhead_s: float
+
+
+# Datacenter GPUs running vLLM-class kernels. Teaching assumptions, each anchored to a public figure:
+GPU_EFFICIENCY = Efficiency(
+    # cuBLAS bf16 GEMMs at LLM shapes reach ~70% of dense peak on A100/H100 (NVIDIA's Megatron-LM and
+    # cuBLAS benchmark posts report 60-75%).
+    matmul=0.70,
+    # FlashAttention-2 reaches 50-73% of peak on A100 and ~35-50% on H100 (Dao 2023, FlashAttention-2 paper).
+    attention=0.50,
+    # Weight-streaming GEMV kernels read at ~80% of HBM peak (STREAM-like copies reach 85-90%).
+    memory=0.80,
+    # Paged KV reads are scattered over blocks: ~70% of HBM peak (vLLM PagedAttention paper, fig. on kernel overhead).
+    kv_memory=0.70,
+    # NCCL ring all-reduce bus bandwidth ~70-80% of NVLink peak in nccl-tests.
+    interconnect=0.75,
+    # nccl-tests all_reduce_perf on 8 NVLink GPUs: 10-20 us for small messages, ~1 us per ring step.
+    ring_step_latency_s=1.0e-6,
+    # vLLM V1 with CUDA graphs: scheduling, input preparation and sampling take a few hundred microseconds
+    # per step plus microseconds per request (vLLM V1 design blog, 2025).
+    step_overhead_s=300e-6,
+    request_overhead_s=3e-6,
+)
+
+
+class CostModel:
+    def __init__(self, model: ModelSpec, device: DeviceSpec, efficiency: Efficiency,
+                 tensor_parallel_size: int = 1, dtype: str = "bfloat16") -> None:
+        tp = tensor_parallel_size
+        self.model, self.device, self.efficiency, self.tp, self.dtype = model, device, efficiency, tp, dtype
+        dtype_bytes = DTYPE_BYTES[dtype]
+        m = model
+        self.num_layers = m.num_hidden_layers
+        self.flops = device.flops * efficiency.matmul
+        self.attention_flops = device.flops * efficiency.attention
+        self.bandwidth = device.memory_bandwidth * efficiency.memory
+        self.kv_bandwidth = device.memory_bandwidth * efficiency.kv_memory
+        # Per GPU and layer: matmul FLOPs per token, and weight bytes (dense part + one expert).
+        self.dense_params = (m.attention_params_per_layer + m.router_params_per_layer) / tp
+        self.expert_params = m.expert_params / tp
+        self.lm_head_params = m.vocab_size * m.hidden_size / tp
+        self.dtype_bytes = dtype_bytes
+        # KV heads split across ranks; replicated when tp exceeds them.
+        kv_heads_per_gpu = max(1, m.num_key_value_heads // tp)
+        self.kv_bytes_per_token_layer = 2 * kv_heads_per_gpu * m.head_dim * dtype_bytes
+        self.score_flops_per_pair = 4 * (m.num_attention_heads // tp) * m.head_dim  # QK^T and PV
+        self.hidden_bytes_per_token = m.hidden_size * dtype_bytes
+        self._decode_fixed_cache: dict[int, tuple[float, float, float]] = {}
+
+    # ---- components, in seconds per step
+    def weights_time(self, num_tokens: int, num_sampled: int) -> float:
+        m, k = self.model, self.model.num_experts_per_tok
+        if m.num_experts > 1:  # expected experts touched when num_tokens tokens each pick k of E at random
+            experts_read = m.num_experts * (1 - (1 - k / m.num_experts) ** num_tokens)
+        else:
+            experts_read = 1
+        layer_flops = 2 * num_tokens * (self.dense_params + k * self.expert_params)
+        layer_bytes = (self.dense_params + experts_read * self.expert_params) * self.dtype_bytes
+        layers = self.num_layers * max(layer_flops / self.flops, layer_bytes / self.bandwidth)
+        if num_sampled == 0:
+            return layers
+        return layers + max(2 * num_sampled * self.lm_head_params / self.flops,
+                            self.lm_head_params * self.dtype_bytes / self.bandwidth)
+
+    def attention_time(self, num_pairs, num_kv_tokens, maximum=max):
+        """num_pairs: (query, key) pairs scored; num_kv_tokens: KV entries read plus written. Scalars,
+        or numpy arrays over steps with maximum=np.maximum (same expression, same rounding)."""
+        return self.num_layers * maximum(self.score_flops_per_pair * num_pairs / self.attention_flops,
+                                         self.kv_bytes_per_token_layer * num_kv_tokens / self.kv_bandwidth)
+
+    def communication_time(self, num_tokens: int) -> float:
+        tp = self.tp
+        if tp == 1:
+            return 0.0
+        e = self.efficiency
+        link = self.device.interconnect_bandwidth_per_direction * e.interconnect
+        # ring all-reduce: 2(tp-1) steps, each moving 1/tp of the message over one link
+        one_all_reduce = 2 * (tp - 1) * (e.ring_step_latency_s + num_tokens * self.hidden_bytes_per_token / tp / link)
+        return self.num_layers * 2 * one_all_reduce
+
+    def overhead_time(self, num_requests: int) -> float:
+        return self.efficiency.step_overhead_s + self.efficiency.request_overhead_s * num_requests
+
+    def step_time(self, num_tokens: int, num_sampled: int, num_requests: int, num_pairs: int,
+                  num_kv_tokens: int) -> dict[str, float]:
+        parts = {
+            "weights": self.weights_time(num_tokens, num_sampled),
+            "attention": self.attention_time(num_pairs, num_kv_tokens),
+            "communication": self.communication_time(num_tokens),
+            "overhead": self.overhead_time(num_requests),
+        }
+        parts["total"] = parts["weights"] + parts["attention"] + parts["communication"] + parts["overhead"]
+        return parts
+
+    def decode_step_times(self, batch_size: int, context_len_sum: int, num_steps: int,
+                          within: float = float("inf")) -> list[float]:
+        """Durations of consecutive decode steps of a fixed batch whose context lengths sum to
+        context_len_sum in the first step (growing by batch_size per step), each equal to step_time()
+        of that step: num_steps of them, or fewer when fewer can start within `within` seconds."""
+        weights, communication, overhead = self._decode_fixed(batch_size)
+        layers, score, attention_flops = self.num_layers, self.score_flops_per_pair, self.attention_flops
+        kv, kv_bandwidth = self.kv_bytes_per_token_layer, self.kv_bandwidth
+        c = context_len_sum
+        first = weights + layers * max(score * c / attention_flops, kv * (c + batch_size) / kv_bandwidth) \
+            + communication + overhead
+        if within < first * num_steps:  # steps only grow longer, so at most this many start in time
+            num_steps = max(1, min(num_steps, int(within / first) + 1))
+        stop = context_len_sum + batch_size * num_steps
+        last = stop - batch_size
+        # Both sides of attention's max() are linear in the context, so when reading KV wins clearly at
+        # both ends it wins at every step, and max() returns that side exactly.
+        memory_bound = all(kv * (x + batch_size) / kv_bandwidth > 1.01 * (score * x / attention_flops)
+                           for x in (context_len_sum, last))
+        # attention_time() and step_time()'s sum, inlined: the same operations in the same order, so
+        # each duration is bit-identical to pricing that step's StepPlan
+        if num_steps <= 20:  # numpy's per-call cost exceeds the work for short runs
+            if memory_bound:
+                return [weights + layers * (kv * (c + batch_size) / kv_bandwidth) + communication + overhead
+                        for c in range(context_len_sum, stop, batch_size)]
+            return [weights + layers * max(score * c / attention_flops, kv * (c + batch_size) / kv_bandwidth)
+                    + communication + overhead for c in range(context_len_sum, stop, batch_size)]
+        contexts = np.arange(context_len_sum, stop, batch_size, dtype=np.int64)
+        flops_time = None if memory_bound else score * contexts / attention_flops
+        contexts += batch_size
+        contexts *= kv  # exact integers, as in Python
+        attention = contexts / kv_bandwidth
+        if flops_time is not None:
+            np.maximum(flops_time, attention, out=attention)
+        attention *= layers
+        totals = weights + attention
+        totals += communication
+        totals += overhead
+        return totals.tolist()
+
+    def _decode_fixed(self, batch_size: int) -> tuple[float, float, float]:
+        fixed = self._decode_fixed_cache.get(batch_size)
+        if fixed is None:
+            fixed = (self.weights_time(batch_size, batch_size), self.communication_time(batch_size),
+                     self.overhead_time(batch_size))
+            self._decode_fixed_cache[batch_size] = fixed
+        return fixed
+
+    def decode_breakdown(self, batch_size: int) -> dict[str, float]:
+        """The parts of a decode step of batch_size that do not depend on context length."""
+        weights, communication, overhead = self._decode_fixed(batch_size)
+        return {"weights": weights, "communication": communication, "overhead": overhead}
+
+    def decode_step_time(self, batch_size: int, context_len: float) -> float:
+        """One decode step of batch_size requests at context_len tokens each (capacity estimates)."""
+        s = batch_size * context_len
+        return self.step_time(batch_size, batch_size, batch_size, s, s + batch_size)["total"]
+
+
+class CostModelExecutor:
+    """The lab's executor: same StepPlan in, StepResult out, duration from the cost model."""
+
+    def __init__(self, cost_model: CostModel) -> None:
+        self.cost_model = cost_model
+        self._token = SampledToken(DUMMY_TOKEN_ID)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        num_tokens, num_sampled, num_pairs, num_kv_tokens, sampled = self._plan_totals(plan)
+        parts = self.cost_model.step_time(num_tokens, num_sampled, len(plan.scheduled), num_pairs, num_kv_tokens)
+        return StepResult(sampled=sampled, duration=parts.pop("total"), breakdown=parts)
+
+    def _plan_totals(self, plan: StepPlan) -> tuple[int, int, int, int, dict[str, SampledToken]]:
+        num_tokens = num_sampled = num_pairs = num_kv_tokens = 0
+        sampled = {}
+        for s in plan.scheduled:
+            n = len(s.token_ids)
+            context = s.num_computed_tokens + n
+            num_tokens += n
+            # new tokens at positions context-n+1 .. context attend causally
+            num_pairs += n * context - n * (n - 1) // 2
+            num_kv_tokens += context + n
+            if s.sample:
+                num_sampled += 1
+                sampled[s.request_id] = self._token
+        return num_tokens, num_sampled, num_pairs, num_kv_tokens, sampled
+
+    def price_decode_run(self, run: DecodeRun, within: float = float("inf")) -> tuple[list[float], list[tuple[int, int]]]:
+        """Durations of the steps of a multi-step decode run (Scheduler.plan_decode_run), each priced as
+        execute() prices that step's StepPlan: one new token per unfinished request, contexts growing
+        by one. Only the steps that can start within `within` seconds. Also (number of steps, batch
+        size) segments: the batch shrinks as requests finish."""
+        cm = self.cost_model
+        batch_size, context_sum, num_steps = len(run.batch), run.context_len_sum, run.num_steps
+        soonest = min(run.remaining)
+        if soonest < num_steps and within < float("inf"):
+            # no decode step is shorter than one of a single request with no context
+            num_steps = min(num_steps, int(within / sum(cm._decode_fixed(1))) + 1)
+        if soonest >= num_steps:  # nobody leaves before the last step
+            return cm.decode_step_times(batch_size, context_sum, num_steps, within), [(num_steps, batch_size)]
+        # (last step, context in step 1) per request, by last step: the batch shrinks at each last step
+        lasts = sorted((min(num_steps, left), done + 1) for left, done in zip(run.remaining, run.computed))
+        durations, segments = [], []
+        step, i, elapsed = 1, 0, 0.0
+        while step <= num_steps and batch_size:
+            segment_end = lasts[i][0]  # the next request to finish takes part up to this step
+            times = cm.decode_step_times(batch_size, context_sum + (step - 1) * batch_size,
+                                         segment_end - step + 1, within - elapsed)
+            durations += times
+            segments.append((len(times), batch_size))
+            if len(times) < segment_end - step + 1:
+                break  # the rest cannot start within `within`
+            elapsed += sum(times)
+            step = segment_end + 1
+            while i < len(lasts) and lasts[i][0] < step:
+                context_sum -= lasts[i][1]
+                batch_size -= 1
+                i += 1
+        return durations, segments
+
+    def execute_with_decode_run(self, run: DecodeRun, plan: StepPlan) -> StepResult:
+        """One step of a one-step decode run plus the requests its plan admits, priced as execute()
+        prices the whole StepPlan single steps would make; sampled tokens for the plan's requests."""
+        batch_size, context_sum = len(run.batch), run.context_len_sum
+        num_tokens, num_sampled, num_pairs, num_kv_tokens, sampled = self._plan_totals(plan)
+        parts = self.cost_model.step_time(batch_size + num_tokens, batch_size + num_sampled,
+                                          batch_size + len(plan.scheduled), context_sum + num_pairs,
+                                          context_sum + batch_size + num_kv_tokens)
+        return StepResult(sampled=sampled, duration=parts.pop("total"), breakdown=parts)
+
+    def sample(self, plan: StepPlan) -> dict[str, SampledToken]:
+        return {s.request_id: self._token for s in plan.scheduled if s.sample}
+
+    def sample_decode_run(self, run: DecodeRun, num_steps: int) -> dict[str, list[int]]:
+        tokens = [DUMMY_TOKEN_ID] * num_steps
+        return {r.request_id: tokens for r in run.batch}

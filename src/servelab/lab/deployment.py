@@ -1,0 +1,146 @@
+"""A deployment: replicas (or prefill + decode instances) of tp GPUs each, the scheduler settings of
+every instance, and whether the model and a minimal KV cache fit in a GPU's memory."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from servelab.config import SCHEDULE_POLICIES, SchedulerConfig
+from servelab.executor.cost_model import GPU_EFFICIENCY, CostModel, Efficiency
+from servelab.lab.catalog import DTYPE_BYTES, GIB, DeviceSpec, ModelSpec
+
+ROUTERS = ("round-robin", "least-loaded")
+# vLLM's defaults on a datacenter GPU: --gpu-memory-utilization 0.9, max_num_seqs 256 and a chunked-prefill
+# token budget of 8192 for the OpenAI server.
+GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+# CUDA context, CUDA graphs and NCCL buffers: vLLM's startup log reports 0.5-2 GiB of such non-torch memory.
+RUNTIME_RESERVE_BYTES = 1 * GIB
+
+
+@dataclass(frozen=True)
+class Deployment:
+    model: ModelSpec
+    device: DeviceSpec
+    num_gpus: int
+    tensor_parallel_size: int = 1
+    schedule: str = "continuous"
+    # Both 0: every instance prefills and decodes. Otherwise P prefill and D decode instances.
+    num_prefill_instances: int = 0
+    num_decode_instances: int = 0
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    block_size: int = 16
+    router: str = "round-robin"
+    dtype: str = "bfloat16"
+    efficiency: Efficiency = field(default=GPU_EFFICIENCY, repr=False)
+    # A fixed KV pool per instance (the CPU profile's); None: whatever GPU memory is left.
+    kv_cache_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        tp, m = self.tensor_parallel_size, self.model
+        p, d = self.num_prefill_instances, self.num_decode_instances
+        checks = [
+            (self.schedule in SCHEDULE_POLICIES, f"--schedule must be one of {', '.join(SCHEDULE_POLICIES)}"),
+            (self.router in ROUTERS, f"--router must be one of {', '.join(ROUTERS)}"),
+            (self.dtype in DTYPE_BYTES, f"--dtype must be one of {', '.join(DTYPE_BYTES)}"),
+            (tp >= 1 and self.num_gpus >= 1, "--tp and --num-gpus must be >= 1"),
+            (self.num_gpus % tp == 0, f"--num-gpus {self.num_gpus} is not a multiple of --tp {tp}"),
+            (m.num_attention_heads % tp == 0,
+             f"--tp {tp} does not divide {m.name}'s {m.num_attention_heads} attention heads"),
+            (m.num_key_value_heads % tp == 0 or tp % m.num_key_value_heads == 0,
+             f"--tp {tp} neither divides nor is a multiple of {m.name}'s {m.num_key_value_heads} KV heads"),
+            (tp <= self.device.gpus_per_node, f"--tp {tp} spans more than one {self.device.id} node "
+             f"({self.device.gpus_per_node} devices); tensor parallelism needs the intra-node link"),
+            ((p == 0) == (d == 0), "--disaggregate needs at least one prefill and one decode instance"),
+            (p == 0 or (p + d) * tp == self.num_gpus,
+             f"--disaggregate {p}:{d} with --tp {tp} needs {(p + d) * tp} GPUs, not --num-gpus {self.num_gpus}"),
+            (p == 0 or self.schedule == "continuous", "--disaggregate runs continuous batching on each side"),
+            (self.max_num_seqs >= 1 and self.max_num_batched_tokens >= 1 and self.block_size >= 1,
+             "--max-num-seqs, --max-num-batched-tokens and --block-size must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.num_prefill_instances > 0
+
+    @property
+    def num_instances(self) -> int:
+        return self.num_gpus // self.tensor_parallel_size
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(policy=self.schedule, max_num_seqs=self.max_num_seqs,
+                               max_num_batched_tokens=self.max_num_batched_tokens,
+                               max_model_len=self.model.max_position_embeddings)
+
+    def cost_model(self) -> CostModel:
+        return CostModel(self.model, self.device, self.efficiency, self.tensor_parallel_size, self.dtype)
+
+    def describe(self) -> str:
+        if self.disaggregated:
+            shape = f"{self.num_prefill_instances} prefill + {self.num_decode_instances} decode instances"
+        else:
+            shape = f"{self.num_instances} replica{'s' if self.num_instances > 1 else ''}"
+        return (f"{self.model.name} on {self.num_gpus}x {self.device.name}, TP {self.tensor_parallel_size}, "
+                f"{shape}, {self.schedule} batching")
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model.id, "gpu": self.device.id, "num_gpus": self.num_gpus,
+            "tp": self.tensor_parallel_size, "schedule": self.schedule,
+            "disaggregate": (f"{self.num_prefill_instances}:{self.num_decode_instances}" if self.disaggregated else None),
+            "num_instances": self.num_instances, "router": self.router, "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens, "block_size": self.block_size, "dtype": self.dtype,
+        }
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per GPU of one instance."""
+    memory_bytes: int
+    usable_bytes: int
+    weight_bytes: int
+    activation_bytes: int
+    kv_cache_bytes: int
+    kv_bytes_per_token: int
+    num_blocks: int
+    max_request_tokens: int
+    fits: bool
+    reason: str
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def plan_memory(d: Deployment, max_request_tokens: int) -> MemoryPlan:
+    m, tp = d.model, d.tensor_parallel_size
+    dtype_bytes = DTYPE_BYTES[d.dtype]
+    weights = d.model.weight_bytes(d.dtype) // tp  # vocab-parallel embeddings shard too
+    kv_per_token = 2 * m.num_hidden_layers * max(1, m.num_key_value_heads // tp) * m.head_dim * dtype_bytes
+    if d.kv_cache_bytes is not None:
+        usable, activations, kv = d.device.memory_bytes, 0, d.kv_cache_bytes
+        if weights + kv > usable:
+            kv = 0
+    else:
+        usable = int(d.device.memory_bytes * GPU_MEMORY_UTILIZATION)
+        # vLLM's profiling run: one forward of max_num_batched_tokens (MLP activations dominate) plus fp32 logits.
+        activations = (d.max_num_batched_tokens * (2 * m.intermediate_size // tp + 4 * m.hidden_size) * dtype_bytes
+                       + d.max_num_seqs * (m.vocab_size // tp) * 4 + RUNTIME_RESERVE_BYTES)
+        kv = max(0, usable - weights - activations)
+    num_blocks = kv // (kv_per_token * d.block_size)
+    need_blocks = -(-max_request_tokens // d.block_size)
+    reason = ""
+    if kv <= 0:
+        reason = (f"weights need {weights / GIB:.1f} GiB per GPU (TP {tp}) and activations {activations / GIB:.1f} GiB, "
+                  f"but a {d.device.name} offers {usable / GIB:.1f} GiB: no room for the KV cache")
+    elif num_blocks < need_blocks:
+        reason = (f"after {weights / GIB:.1f} GiB of weights per GPU, the KV cache gets {kv / GIB:.2f} GiB = "
+                  f"{num_blocks * d.block_size:,} tokens, fewer than the workload's largest request "
+                  f"({max_request_tokens:,} tokens)")
+    return MemoryPlan(memory_bytes=d.device.memory_bytes, usable_bytes=usable, weight_bytes=weights,
+                      activation_bytes=activations, kv_cache_bytes=kv, kv_bytes_per_token=kv_per_token,
+                      num_blocks=num_blocks, max_request_tokens=max_request_tokens, fits=not reason, reason=reason)

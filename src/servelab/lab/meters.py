@@ -1,0 +1,139 @@
+"""The lab's meters, computed from a simulation's step records and request timestamps. Each meter
+says whether it is a bottleneck, by the named thresholds below (teaching rules of thumb)."""
+from __future__ import annotations
+
+from bisect import bisect_right
+
+import numpy as np
+
+from servelab.metrics.request_stats import RequestTiming
+from servelab.lab.simulate import SimulationResult
+
+KV_PRESSURE = 0.90  # peak share of the block pool in use
+WEIGHTS_SHARE_LIMIT = 0.75  # weights leave too little of a GPU for KV
+CAPACITY_LIMIT = 0.90  # demanded decode tokens/s over the deployment's maximum
+SLOTS_FULL_SHARE = 0.25  # share of time with every batch slot taken while requests wait
+QUEUE_SHARE_OF_TTFT = 0.50  # waiting to be scheduled is most of TTFT
+COMMUNICATION_SHARE = 0.30  # all-reduces take this much of step time
+NUM_SERIES_POINTS = 40
+
+
+def request_timings(result: SimulationResult) -> list[RequestTiming]:
+    return [RequestTiming(r.num_prompt_tokens, r.num_output_tokens, r.arrival_time, r.times.first_token,
+                          r.times.finished, r.times.token_times, r.times.first_scheduled) for r in result.requests]
+
+
+def _weighted_mean(values: list, durations: list, total: float) -> float:
+    return float(np.dot(values, durations) / total) if total > 0 and values else 0.0
+
+
+def compute_meters(result: SimulationResult, metrics: dict, ttft_target_ms: float | None = None,
+                   tpot_target_ms: float | None = None) -> dict:
+    d, mem = result.deployment, result.memory
+    duration = result.duration
+    serving = [inst for inst in result.instances if inst.role != "prefill"]
+    max_seqs = d.scheduler_config.effective_max_num_seqs
+    pool_slots = mem.num_blocks * d.block_size
+    requests = result.requests
+    num_preemptions = sum(r.num_preemptions for r in requests)
+
+    usage = [_weighted_mean(i.kv_usage, i.durations, duration) for i in result.instances]
+    peak_usage = max((max(i.kv_usage, default=0.0) for i in result.instances), default=0.0)
+    kv = {"num_blocks": mem.num_blocks, "block_size": d.block_size, "peak_usage": peak_usage,
+          "mean_usage": float(np.mean(usage)), "num_preemptions": num_preemptions}
+    if d.scheduler_config.contiguous:
+        # share of the slots held by reservations that hold no KV
+        unused = sum(float(np.dot(i.reserved_unused, i.durations)) for i in result.instances)
+        held = sum(float(np.dot(i.kv_usage, i.durations)) for i in result.instances) * pool_slots
+        kv["reserved_unused_share"] = unused / held if held else 0.0
+    kv["bottleneck"] = peak_usage >= KV_PRESSURE or num_preemptions > 0
+
+    weight_share = mem.weight_bytes / mem.memory_bytes
+    weights = {"bytes_per_gpu": mem.weight_bytes, "share_of_memory": weight_share,
+               "kv_cache_bytes_per_gpu": mem.kv_cache_bytes, "bottleneck": weight_share >= WEIGHTS_SHARE_LIMIT}
+
+    decode = _decode_capacity(result, metrics, serving, max_seqs, pool_slots)
+    slots = _batch_slots(result, serving, max_seqs, duration)
+
+    ttft_ms = np.array([(r.times.first_token - r.arrival_time) * 1000 for r in requests])
+    ttft = {"median_ms": metrics["median_ttft_ms"], "p99_ms": metrics["p99_ttft_ms"], "target_ms": ttft_target_ms,
+            "attainment": float(np.mean(ttft_ms <= ttft_target_ms)) if ttft_target_ms else None,
+            "bottleneck": bool(ttft_target_ms and metrics["p99_ttft_ms"] > ttft_target_ms)}
+    tpot = {"median_ms": metrics["median_tpot_ms"], "p99_ms": metrics["p99_tpot_ms"], "target_ms": tpot_target_ms,
+            "bottleneck": bool(tpot_target_ms and metrics["p99_tpot_ms"] > tpot_target_ms)}
+    goodput = {"requests_per_s": metrics.get("request_goodput", metrics["request_throughput"]),
+               "slo_attainment": metrics.get("slo_attainment", 1.0)}
+    goodput["bottleneck"] = goodput["slo_attainment"] < 0.99
+    preemptions = {"count": num_preemptions, "requests_preempted": sum(1 for r in requests if r.num_preemptions),
+                   "bottleneck": num_preemptions > 0}
+
+    meters = {"kv_cache": kv, "weights": weights, "decode_throughput": decode, "batch_slots": slots,
+              "ttft": ttft, "tpot": tpot, "goodput": goodput, "preemptions": preemptions,
+              "queue": _queue(result, metrics, duration), "step_time": _step_time(result)}
+    if d.disaggregated:
+        times = np.array(result.kv_transfer_times) * 1000
+        share = float(times.mean() / metrics["mean_ttft_ms"]) if times.size and metrics["mean_ttft_ms"] else 0.0
+        meters["kv_transfer"] = {"mean_ms": float(times.mean()) if times.size else 0.0,
+                                 "p99_ms": float(np.percentile(times, 99)) if times.size else 0.0,
+                                 "share_of_ttft": share, "bottleneck": share >= QUEUE_SHARE_OF_TTFT}
+    return meters
+
+
+def _decode_capacity(result, metrics, serving, max_seqs, pool_slots) -> dict:
+    """Most decode tokens/s the deployment can give: the largest batch the slots and the KV pool allow
+    at the workload's mean context, priced by the cost model."""
+    w = result.workload
+    mean_output = float(np.mean([x.output_len for x in w]))
+    mean_context = float(np.mean([x.prompt_len for x in w])) + mean_output / 2
+    batch = max(1, min(max_seqs, int(pool_slots / max(mean_context, 1.0))))
+    cost = result.deployment.cost_model()
+    capacity = len(serving) * batch / cost.decode_step_time(batch, mean_context)
+    span = w[-1].arrival_time - w[0].arrival_time
+    rate = (len(w) - 1) / span if span > 0 else None
+    demanded = rate * mean_output if rate else None
+    utilization = (demanded if demanded is not None else metrics["output_throughput"]) / capacity
+    return {"demanded_tokens_per_s": demanded, "served_tokens_per_s": metrics["output_throughput"],
+            "capacity_tokens_per_s": capacity, "max_batch": batch, "utilization": utilization,
+            "bottleneck": utilization >= CAPACITY_LIMIT}
+
+
+def _batch_slots(result, serving, max_seqs, duration) -> dict:
+    full = sum(dur for inst in serving for dur, run, wait in zip(inst.durations, inst.running, inst.waiting)
+               if run >= max_seqs and wait > 0)
+    mean_running = float(np.mean([_weighted_mean(i.running, i.durations, duration) for i in serving]))
+    full_share = full / (duration * len(serving)) if duration > 0 else 0.0
+    return {"max_num_seqs": max_seqs, "mean_running": mean_running,
+            "peak_running": max((max(i.running, default=0) for i in serving), default=0),
+            "mean_saturation": mean_running / max_seqs, "full_with_waiting_share": full_share,
+            "bottleneck": full_share >= SLOTS_FULL_SHARE}
+
+
+def _queue(result, metrics, duration) -> dict:
+    queue_ms = np.array([(r.times.first_scheduled - r.arrival_time) * 1000 for r in result.requests])
+    mean_queue = float(queue_ms.mean()) if queue_ms.size else 0.0
+    share = mean_queue / metrics["mean_ttft_ms"] if metrics["mean_ttft_ms"] > 0 else 0.0
+    series = []
+    for k in range(NUM_SERIES_POINTS):
+        t = duration * (k + 0.5) / NUM_SERIES_POINTS
+        series.append([t, sum(_value_at(i.starts, i.durations, i.waiting, t) for i in result.instances)])
+    return {"mean_waiting": sum(_weighted_mean(i.waiting, i.durations, duration) for i in result.instances),
+            "peak_waiting": max((max(i.waiting, default=0) for i in result.instances), default=0),
+            "mean_queue_ms": mean_queue, "share_of_ttft": share, "series": series,
+            "bottleneck": share >= QUEUE_SHARE_OF_TTFT and mean_queue > 1.0}
+
+
+def _value_at(starts: list, durations: list, values: list, t: float):
+    j = bisect_right(starts, t) - 1
+    return values[j] if j >= 0 and t < starts[j] + durations[j] else 0
+
+
+def _step_time(result) -> dict:
+    totals = {}
+    for inst in result.instances:
+        for key, value in inst.breakdown_totals().items():
+            totals[key] = totals.get(key, 0.0) + value
+    busy = sum(totals.values())
+    shares = {f"{k}_share": (v / busy if busy else 0.0) for k, v in totals.items()}
+    num_steps = sum(i.num_steps for i in result.instances)
+    return {**shares, "num_steps": num_steps, "mean_step_ms": busy / num_steps * 1000 if num_steps else 0.0,
+            "bottleneck": shares.get("communication_share", 0.0) >= COMMUNICATION_SHARE}

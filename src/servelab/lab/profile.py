@@ -1,0 +1,101 @@
+"""This machine as a lab device: the CPU profile that `servelab lab profile` fits and `--gpu local-cpu` reads.
+
+Stored as JSON at $SERVELAB_CACHE_DIR/lab/local-cpu.json (default ~/.cache/servelab/lab/local-cpu.json):
+
+  {"format": "servelab-lab-cpu-profile", "version": 1,
+   "device": {"name": ..., "flops": F, "memory_bandwidth": B, "memory_bytes": M},
+   "efficiency": {"matmul": 1.0, "attention": a, "memory": 1.0, "kv_memory": k,
+                  "step_overhead_s": o, "request_overhead_s": r},
+   "kv_cache_bytes": K, "dtype": "bfloat16", "max_num_seqs": S, "max_num_batched_tokens": T,
+   "fit": {"model": "smollm2-135m", "num_samples": n, "mean_abs_rel_error": e, ...},
+   "created": "ISO time", "host": "..."}
+
+device.flops and device.memory_bandwidth are the fitted *effective* matmul FLOP/s and weight-streaming
+bytes/s, so matmul and memory efficiencies are 1.0; attention and kv_memory are fitted fractions of them.
+kv_cache_bytes, max_num_seqs and max_num_batched_tokens are the real engine's settings when profiled,
+so a simulation of local-cpu runs the scheduler with the pool and limits `servelab serve` uses.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from servelab.executor.cost_model import Efficiency
+from servelab.lab.catalog import LOCAL_CPU, DeviceSpec
+
+PROFILE_FORMAT = "servelab-lab-cpu-profile"
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CpuProfile:
+    device: DeviceSpec
+    efficiency: Efficiency
+    kv_cache_bytes: int
+    dtype: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    fit: dict = field(default_factory=dict)
+    created: str = ""
+    host: str = ""
+
+    def to_json(self) -> dict:
+        d = self.device
+        return {
+            "format": PROFILE_FORMAT, "version": PROFILE_VERSION,
+            "device": {"name": d.name, "flops": d.flops, "memory_bandwidth": d.memory_bandwidth,
+                       "memory_bytes": d.memory_bytes},
+            "efficiency": {k: v for k, v in asdict(self.efficiency).items()
+                           if k not in ("interconnect", "ring_step_latency_s")},
+            "kv_cache_bytes": self.kv_cache_bytes, "dtype": self.dtype,
+            "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+            "fit": self.fit, "created": self.created, "host": self.host,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict, source: str = "") -> "CpuProfile":
+        if data.get("format") != PROFILE_FORMAT or data.get("version") != PROFILE_VERSION:
+            raise ValueError(f"{source or 'CPU profile'} is not a version-{PROFILE_VERSION} servelab CPU profile; "
+                             "run `servelab lab profile` again")
+        try:
+            d, e = data["device"], data["efficiency"]
+            device = DeviceSpec(
+                id=LOCAL_CPU, name=d["name"], flops=float(d["flops"]), memory_bandwidth=float(d["memory_bandwidth"]),
+                memory_bytes=int(d["memory_bytes"]), interconnect="none", interconnect_bandwidth=0.0,
+                network_bandwidth=0.0, gpus_per_node=1, source=f"servelab lab profile ({source})",
+            )
+            efficiency = Efficiency(interconnect=1.0, ring_step_latency_s=0.0, **{k: float(v) for k, v in e.items()})
+            return cls(device=device, efficiency=efficiency, kv_cache_bytes=int(data["kv_cache_bytes"]),
+                       dtype=data["dtype"], max_num_seqs=int(data["max_num_seqs"]),
+                       max_num_batched_tokens=int(data["max_num_batched_tokens"]), fit=dict(data.get("fit", {})),
+                       created=data.get("created", ""), host=data.get("host", ""))
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"{source or 'CPU profile'} is incomplete ({err}); run `servelab lab profile` again") from None
+
+
+def profile_path() -> Path:
+    root = os.environ.get("SERVELAB_CACHE_DIR")
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "servelab"
+    return base / "lab" / f"{LOCAL_CPU}.json"
+
+
+def load_cpu_profile(path: Path | None = None) -> CpuProfile:
+    path = path or profile_path()
+    if not path.is_file():
+        raise ValueError(f"no CPU profile at {path}; run `servelab lab profile` first")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read the CPU profile {path}: {err}") from None
+    return CpuProfile.from_json(data, source=str(path))
+
+
+def save_cpu_profile(profile: CpuProfile, path: Path | None = None) -> Path:
+    path = path or profile_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(profile.to_json(), indent=2) + "\n")
+    tmp.replace(path)
+    return path

@@ -1,0 +1,25 @@
+"""Routers in front of a pool of instances: round-robin, or least-loaded by outstanding requests."""
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+
+class Loaded(Protocol):
+    num_outstanding: int
+
+
+class Router:
+    def __init__(self, policy: str, instances: Sequence[Loaded]) -> None:
+        if policy not in ("round-robin", "least-loaded"):
+            raise ValueError(f"unknown router {policy!r}")
+        self.policy = policy
+        self.instances = list(instances)
+        self._next = 0
+
+    def pick(self) -> Loaded:
+        if self.policy == "least-loaded":
+            # ties go to the lowest index, so runs are deterministic
+            return min(self.instances, key=lambda inst: inst.num_outstanding)
+        instance = self.instances[self._next]
+        self._next = (self._next + 1) % len(self.instances)
+        return instance

@@ -1,0 +1,125 @@
+"""Seeded workloads: when requests arrive and how long their prompts and outputs are.
+
+Shared by the lab simulator and the load generator (`servelab bench serve`), so one seed gives the
+same arrivals and lengths in both. Flags and their meaning follow `vllm bench serve`:
+--request-rate (inf: all at t=0), --burstiness (gamma shape; 1 = Poisson), --range-ratio (lengths
+uniform in [len*(1-r), len*(1+r)]).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+DATASETS = ("random", "sharegpt-like")
+# vllm bench serve's random-dataset defaults.
+DEFAULT_INPUT_LEN = 1024
+DEFAULT_OUTPUT_LEN = 128
+
+# ShareGPT-like lengths: lognormal fits to ShareGPT V3 conversations (first turn, Llama tokenizer):
+# mean prompt ~160 tokens, mean output ~340 tokens, long right tails. Filtered like vLLM's ShareGPT
+# sampler: both lengths >= 4, prompt <= 1024, prompt + output <= 2048.
+SHAREGPT_PROMPT_MU, SHAREGPT_PROMPT_SIGMA = 4.63, 1.05
+SHAREGPT_OUTPUT_MU, SHAREGPT_OUTPUT_SIGMA = 5.51, 0.90
+SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT_LEN, SHAREGPT_MAX_TOTAL_LEN = 4, 1024, 2048
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    dataset: str = "random"
+    num_prompts: int = 1000
+    # None: the dataset's default (random: 1024 / 128; sharegpt-like: drawn from its distribution).
+    input_len: int | None = None
+    output_len: int | None = None
+    range_ratio: float = 0.0
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.dataset in DATASETS, f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}"),
+            (self.num_prompts >= 1, f"num_prompts must be >= 1, got {self.num_prompts}"),
+            (self.input_len is None or self.input_len >= 1, f"input_len must be >= 1, got {self.input_len}"),
+            (self.output_len is None or self.output_len >= 1, f"output_len must be >= 1, got {self.output_len}"),
+            (0 <= self.range_ratio < 1, f"range_ratio must be in [0, 1), got {self.range_ratio}"),
+            (self.request_rate > 0, f"request_rate must be > 0 (or inf), got {self.request_rate}"),
+            (self.burstiness > 0, f"burstiness must be > 0, got {self.burstiness}"),
+            (not (self.dataset == "sharegpt-like" and self.input_len is not None),
+             "sharegpt-like draws prompt lengths from its own distribution; use --dataset random for a fixed --input-len"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class SampledRequest:
+    arrival_time: float  # seconds after the first request
+    prompt_len: int
+    output_len: int
+
+
+def generate_workload(config: WorkloadConfig) -> list[SampledRequest]:
+    """The workload's requests in arrival order. Lengths and arrivals come from independent streams
+    of one seed, so changing the rate keeps every request's lengths."""
+    length_seed, arrival_seed = np.random.SeedSequence(config.seed).spawn(2)
+    prompt_lens, output_lens = sample_lengths(config, np.random.default_rng(length_seed))
+    arrivals = sample_arrival_times(config.num_prompts, config.request_rate, config.burstiness,
+                                    np.random.default_rng(arrival_seed))
+    return [SampledRequest(float(t), int(p), int(o)) for t, p, o in zip(arrivals, prompt_lens, output_lens)]
+
+
+def sample_lengths(config: WorkloadConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    n = config.num_prompts
+    if config.dataset == "random":
+        prompt = _uniform_lengths(config.input_len or DEFAULT_INPUT_LEN, config.range_ratio, n, rng)
+        output = _uniform_lengths(config.output_len or DEFAULT_OUTPUT_LEN, config.range_ratio, n, rng)
+        return prompt, output
+    prompt, output = _sharegpt_like_lengths(n, rng)
+    if config.output_len is not None:  # vLLM's --sharegpt-output-len
+        output = np.full(n, config.output_len, dtype=np.int64)
+    return prompt, output
+
+
+def _uniform_lengths(length: int, range_ratio: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    low = max(1, int(length * (1 - range_ratio)))
+    high = max(low, int(length * (1 + range_ratio)))
+    return rng.integers(low, high + 1, size=n)
+
+
+def _sharegpt_like_lengths(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    prompts, outputs, have = [], [], 0
+    while have < n:
+        batch = max(64, 2 * (n - have))
+        p = np.rint(rng.lognormal(SHAREGPT_PROMPT_MU, SHAREGPT_PROMPT_SIGMA, batch)).astype(np.int64)
+        o = np.rint(rng.lognormal(SHAREGPT_OUTPUT_MU, SHAREGPT_OUTPUT_SIGMA, batch)).astype(np.int64)
+        keep = ((p >= SHAREGPT_MIN_LEN) & (o >= SHAREGPT_MIN_LEN) & (p <= SHAREGPT_MAX_PROMPT_LEN)
+                & (p + o <= SHAREGPT_MAX_TOTAL_LEN))
+        prompts.append(p[keep])
+        outputs.append(o[keep])
+        have += int(keep.sum())
+    return np.concatenate(prompts)[:n], np.concatenate(outputs)[:n]
+
+
+def sample_arrival_times(num_requests: int, request_rate: float, burstiness: float,
+                         rng: np.random.Generator) -> np.ndarray:
+    """Arrival offsets in seconds: the first request at 0, then gamma-distributed gaps with mean
+    1/request_rate and shape burstiness (vllm bench serve's arrival process)."""
+    if math.isinf(request_rate):
+        return np.zeros(num_requests)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=num_requests - 1)
+    return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+def describe(config: WorkloadConfig) -> str:
+    rate = "inf" if math.isinf(config.request_rate) else f"{config.request_rate:g}"
+    if config.dataset == "random":
+        lengths = f"input {config.input_len or DEFAULT_INPUT_LEN} / output {config.output_len or DEFAULT_OUTPUT_LEN}"
+        if config.range_ratio:
+            lengths += f" (±{config.range_ratio:.0%})"
+    else:
+        lengths = "sharegpt-like lengths" + (f", output {config.output_len}" if config.output_len else "")
+    burst = "" if config.burstiness == 1 else f", burstiness {config.burstiness:g}"
+    return f"{config.num_prompts} requests at {rate} req/s{burst}, {lengths}, seed {config.seed}"

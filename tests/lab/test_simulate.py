@@ -1,0 +1,112 @@
+"""The simulator: the engine's own scheduler classes, determinism, monotone answers, non-fitting shapes."""
+import subprocess
+import sys
+
+import pytest
+
+from servelab.core import block_manager as core_block_manager
+from servelab.core import scheduler as core_scheduler
+from servelab.lab import instance as lab_instance
+from servelab.lab.catalog import get_device, get_model
+from servelab.lab.deployment import Deployment
+from servelab.lab.evaluate import Targets, evaluate
+from servelab.lab.simulate import DoesNotFit, simulate
+from servelab.lab.workload import WorkloadConfig, generate_workload
+
+
+def deployment(model="llama-3.1-8b", gpu="h100", **kw):
+    return Deployment(get_model(model), get_device(gpu), **{"num_gpus": 1, **kw})
+
+
+def workload(**kw):
+    return generate_workload(WorkloadConfig(**{"dataset": "sharegpt-like", "num_prompts": 200, "request_rate": 8,
+                                               **kw}))
+
+
+def test_simulator_runs_the_engines_own_scheduler_and_block_manager():
+    assert lab_instance.Scheduler is core_scheduler.Scheduler
+    assert lab_instance.BlockManager is core_block_manager.BlockManager
+    result = simulate(deployment(), workload(num_prompts=20))
+    for inst in result.instances:
+        assert type(inst.scheduler) is core_scheduler.Scheduler
+        assert type(inst.scheduler.block_manager) is core_block_manager.BlockManager
+        assert inst.block_manager.num_free_blocks == inst.block_manager.num_blocks
+        inst.block_manager.check_invariants()
+
+
+def test_lab_never_imports_torch():
+    code = ("import sys; from servelab.lab.cli import main; "
+            "main(['simulate', '--num-prompts', '20', '--json']); assert 'torch' not in sys.modules, 'torch'")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("shape", [
+    dict(), dict(schedule="static"), dict(schedule="serial"),
+    dict(num_gpus=4, tensor_parallel_size=2, router="least-loaded"),
+    dict(num_gpus=3, num_prefill_instances=1, num_decode_instances=2, router="least-loaded"),
+])
+def test_multi_step_runs_change_nothing(shape):
+    w = workload(num_prompts=120, request_rate=30)
+    d = deployment(max_num_seqs=32, **shape)
+    fast, slow = simulate(d, w), simulate(d, w, multi_step=False)
+    key = [(r.output_token_ids, r.times.token_times, r.times.first_scheduled, r.num_preemptions)
+           for r in fast.requests]
+    assert key == [(r.output_token_ids, r.times.token_times, r.times.first_scheduled, r.num_preemptions)
+                   for r in slow.requests]
+    assert sum(i.num_steps for i in fast.instances) == sum(i.num_steps for i in slow.instances)
+
+
+def test_preemption_under_kv_pressure_and_every_request_completes():
+    # Llama-3.1-8B on a 24 GB L4 leaves ~3.6 GiB of KV: 300 long requests at once cannot all fit.
+    w = generate_workload(WorkloadConfig(num_prompts=300, input_len=512, output_len=512))
+    result = simulate(deployment(gpu="l4"), w)
+    assert sum(r.num_preemptions for r in result.requests) > 0
+    assert all(r.num_output_tokens == 512 for r in result.requests)
+
+
+def test_more_gpus_never_slower_at_equal_load():
+    w = workload(request_rate=40)
+    e2e, ttft = [], []
+    for n in (1, 2, 4):
+        m = evaluate(deployment(gpu="l4", num_gpus=n), w).metrics
+        e2e.append(m["mean_e2el_ms"])
+        ttft.append(m["p99_ttft_ms"])
+    assert e2e == sorted(e2e, reverse=True) and ttft == sorted(ttft, reverse=True)
+
+
+def test_longer_prompts_never_lower_ttft():
+    medians, p99s = [], []
+    for input_len in (128, 512, 2048):
+        w = generate_workload(WorkloadConfig(num_prompts=100, input_len=input_len, output_len=32, request_rate=10))
+        m = evaluate(deployment(), w).metrics
+        medians.append(m["median_ttft_ms"])
+        p99s.append(m["p99_ttft_ms"])
+    assert medians == sorted(medians) and p99s == sorted(p99s)
+
+
+def test_higher_rate_never_lower_queueing():
+    waits = []
+    for rate in (2, 8, 32, float("inf")):
+        e = evaluate(deployment(gpu="a10g"), workload(request_rate=rate))
+        waits.append(e.meters["queue"]["mean_queue_ms"])
+    assert waits == sorted(waits)
+
+
+def test_deployment_that_does_not_fit_is_reported_with_numbers():
+    d = deployment(model="llama-3.1-405b")
+    with pytest.raises(DoesNotFit) as err:
+        simulate(d, workload(num_prompts=5))
+    assert err.value.memory.weight_bytes == get_model("llama-3.1-405b").num_params * 2
+    assert "756.0 GiB per GPU" in str(err.value)
+    e = evaluate(d, workload(num_prompts=5), Targets(ttft_ms=500))
+    assert not e.fits and not e.meets_targets and e.meters["weights"]["share_of_memory"] > 9
+
+
+def test_bad_shapes_are_value_errors():
+    with pytest.raises(ValueError, match="not a multiple of --tp"):
+        deployment(num_gpus=3, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="needs 4 GPUs"):
+        deployment(num_gpus=3, num_prefill_instances=1, num_decode_instances=3)
+    with pytest.raises(ValueError, match="does not divide"):
+        deployment(model="qwen2.5-7b", num_gpus=8, tensor_parallel_size=8)
