@@ -15,8 +15,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+# Serves the default model (the first start converts its GGUF, ~15 s; later starts reuse the cache).
 run: $(STAMP)
-	$(VENV)/bin/servelab generate --chat "Explain in two sentences why a KV cache speeds up LLM inference."
+	@echo "servelab: starting on http://$(HOST):$(PORT)/v1 (Ctrl+C to stop). Once it is up, try:"
+	@echo "  curl http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' \\"
+	@echo "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Why does a KV cache speed up inference?\"}], \"max_tokens\": 64}'"
+	$(VENV)/bin/servelab serve --host $(HOST) --port $(PORT)
 
 test: $(STAMP)
 	$(PY) -m pytest tests

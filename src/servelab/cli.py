@@ -26,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     EngineArgs.add_cli_args(gen)
     gen.set_defaults(func=_cmd_generate)
 
+    from servelab.gateway.cli import add_serve_parser
+    add_serve_parser(sub)
+
     bench = sub.add_parser("bench", help="benchmarks (results under benchmarks/results/)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     from servelab.bench import latency, throughput

@@ -1,0 +1,228 @@
+"""The FastAPI app: routes, the gateway middleware (request ids, auth, draining, body size) and the
+OpenAI-shaped error handlers. `Gateway` owns the pieces and their start/stop order."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from servelab.gateway.admission import AdmissionControl
+from servelab.gateway.async_engine import AsyncEngine
+from servelab.gateway.auth import ApiKeyAuth
+from servelab.gateway.config import ServerConfig
+from servelab.gateway.errors import (OpenAIError, RequestBodyTooLarge, internal_error, request_too_large,
+                                     shutting_down, unauthorized)
+from servelab.gateway.serving import OpenAIServing
+from servelab.gateway.sse import SSEResponse, sse_event
+from servelab.llm_engine import LLMEngine
+from servelab.metrics.recorder import MetricsRecorder, with_rates
+from servelab.metrics.server_metrics import ServerMetrics
+
+logger = logging.getLogger(__name__)
+request_logger = logging.getLogger("servelab.requests")
+
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+METRICS_PATHS = ("/metrics", "/v1/metrics/stream")
+MAX_REQUEST_ID_LEN = 128
+
+
+class Gateway:
+    def __init__(self, engine: LLMEngine, config: ServerConfig, model_path: str | None = None) -> None:
+        self.config = config
+        self.llm_engine = engine
+        self.model_path = model_path
+        self.metrics = ServerMetrics(config.model_name, engine.executor.weight_bytes, engine.max_model_len)
+        self.recorder = MetricsRecorder(self.metrics)
+        self.engine = AsyncEngine(engine, on_events=self.recorder.submit)
+        self.admission = AdmissionControl(config.max_num_queued_requests, config.max_queued_tokens,
+                                          on_reject=self.metrics.record_rejected)
+        self.auth = ApiKeyAuth(config.api_keys)
+        self.serving = OpenAIServing(self.engine, engine, self.admission, config)
+        self.closing = False  # set once the server is about to exit: long-lived streams end
+        self.started_at = time.time()
+
+    def start(self) -> None:
+        self.recorder.start()
+        self.engine.start()
+
+    async def stop(self) -> None:
+        self.closing = True
+        await asyncio.to_thread(self.engine.shutdown)
+        self.recorder.stop()
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop admitting (new requests get 503), let in-flight ones finish for up to grace_s, then fail
+        whatever is left and return."""
+        self.admission.draining = True
+        logger.info("draining: %d requests in flight, up to %.1f s", self.admission.num_in_flight, grace_s)
+        if not await self.admission.wait_idle(grace_s):
+            logger.warning("shutdown grace over: aborting %d requests", self.admission.num_in_flight)
+            self.engine.abort_all(OpenAIError(503, "The server shut down before the request finished.",
+                                              type="server_error", code="shutting_down"))
+            await self.admission.wait_idle(5.0)
+        self.closing = True
+
+    def snapshot(self) -> dict:
+        snap = self.recorder.snapshot()
+        snap.update(time=time.time(), uptime_s=time.time() - self.started_at,
+                    num_requests_queued=self.admission.num_queued, num_queued_tokens=self.admission.num_queued_tokens,
+                    num_requests_in_flight=self.admission.num_in_flight, draining=self.admission.draining,
+                    weight_bytes=self.llm_engine.executor.weight_bytes, max_model_len=self.llm_engine.max_model_len)
+        return snap
+
+
+class GatewayMiddleware:
+    """Pure ASGI, so it wraps streaming responses without buffering them."""
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        internal_id = uuid.uuid4().hex
+        request_id = (headers.get("x-request-id") or "")[:MAX_REQUEST_ID_LEN] or internal_id
+        state = scope.setdefault("state", {})
+        state["request_id"], state["internal_request_id"] = request_id, internal_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode("latin-1"))]
+            await send(message)
+
+        path = scope["path"]
+        error = self._check(path, headers)
+        if error is not None:
+            if path in GENERATION_PATHS:
+                request_logger.info(json.dumps({"event": "request", "request_id": None, "x_request_id": request_id,
+                                                "endpoint": path, "status": error.status, "error": error.message},
+                                               separators=(",", ":")))
+            await _error_response(error)(scope, receive, send_with_id)
+            return
+        if path in GENERATION_PATHS:
+            receive = _limit_body(receive, self.gateway.config.max_request_bytes)
+        await self.app(scope, receive, send_with_id)
+
+    def _check(self, path: str, headers: Headers) -> OpenAIError | None:
+        gw = self.gateway
+        config = gw.config
+        is_metrics = path in METRICS_PATHS
+        protected = (config.protect_metrics if is_metrics else path.startswith("/v1/"))
+        if protected and not gw.auth.check(headers.get("authorization")):
+            return unauthorized()
+        if path in GENERATION_PATHS:
+            if gw.admission.draining:
+                gw.metrics.record_rejected("draining")
+                return shutting_down()
+            length = headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > config.max_request_bytes:
+                return request_too_large(config.max_request_bytes)
+        return None
+
+
+def _limit_body(receive: Receive, limit: int) -> Receive:
+    received = 0
+
+    async def limited() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise RequestBodyTooLarge()
+        return message
+
+    return limited
+
+
+def _error_response(exc: OpenAIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def build_app(gateway: Gateway) -> FastAPI:
+    config = gateway.config
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = FastAPI(title="servelab", lifespan=lifespan)
+    app.state.gateway = gateway
+    app.add_middleware(GatewayMiddleware, gateway=gateway)
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(request: Request, exc: OpenAIError) -> Response:
+        return _error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        error = OpenAIError(exc.status_code, str(exc.detail), type="invalid_request_error" if exc.status_code < 500
+                            else "server_error")
+        return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error on %s", request.url.path)
+        return _error_response(internal_error(f"internal server error: {type(exc).__name__}"))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await gateway.serving.create_completion(request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await gateway.serving.create_chat_completion(request)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        created = int(gateway.started_at)
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": "servelab",
+             "root": gateway.model_path or config.model_name, "max_model_len": gateway.llm_engine.max_model_len}
+            for name in config.served_model_names]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        if gateway.admission.draining:
+            return _error_response(shutting_down())
+        if not gateway.engine.is_running:
+            return JSONResponse({"status": "engine not running"}, status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        gateway.metrics.set_queued(gateway.admission.num_queued)
+        return Response(generate_latest(gateway.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/metrics/stream")
+    async def metrics_stream() -> Response:
+        async def events():
+            previous, previous_at = None, time.monotonic()
+            while not gateway.closing:
+                now = time.monotonic()
+                snap = gateway.snapshot()
+                yield sse_event(with_rates(snap, previous, now - previous_at))
+                previous, previous_at = snap, now
+                await asyncio.sleep(config.metrics_interval)
+
+        return SSEResponse(events(), on_close=lambda: None)
+
+    return app

@@ -1,0 +1,90 @@
+"""The `servelab serve` command line: flags, then load the engine and hand over to gateway.server.
+Imports nothing heavy until the command runs, so `servelab --help` stays fast."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from servelab.gateway.config import DEFAULT_SERVED_MODEL_NAME, ServerConfig
+
+logger = logging.getLogger("servelab.gateway")
+
+
+def add_serve_parser(sub) -> None:
+    from servelab.engine_args import EngineArgs
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (FastAPI + uvicorn)",
+                           description="Serve a model with OpenAI's /v1/completions and /v1/chat/completions.")
+    serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                       help="Hugging Face model folder or .gguf file (default: SmolLM2-135M-Instruct)")
+    EngineArgs.add_cli_args(serve)
+    g = serve.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    g.add_argument("--port", type=int, default=8000, help="port to listen on (0 = any free port)")
+    g.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model name(s) the API accepts; the first is reported (default: the model's basename)")
+    g.add_argument("--api-key", action="append", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1 (repeatable; default: $SERVELAB_API_KEY)")
+    g.add_argument("--protect-metrics", action="store_true", help="require the API key on /metrics too")
+    g.add_argument("--max-num-queued-requests", type=int, default=256,
+                   help="requests waiting for their first token before new ones get 429")
+    g.add_argument("--max-queued-tokens", type=int, default=131072,
+                   help="prompt tokens waiting to be prefilled before new requests get 429")
+    g.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies get 413")
+    g.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds a request may run before it is ended with an error (0 = no limit)")
+    g.add_argument("--shutdown-grace", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish after SIGTERM")
+    g.add_argument("--metrics-interval", type=float, default=1.0,
+                   help="seconds between snapshots on /v1/metrics/stream")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(func=run_serve)
+
+
+def served_model_names(model: str | None, names: list[str] | None) -> tuple[str, ...]:
+    if names:
+        return tuple(names)
+    if model is None:
+        return (DEFAULT_SERVED_MODEL_NAME,)
+    return (Path(model.rstrip("/")).name or model,)
+
+
+def server_config(args: argparse.Namespace, model: str | None) -> ServerConfig:
+    keys = args.api_key or ([os.environ["SERVELAB_API_KEY"]] if os.environ.get("SERVELAB_API_KEY") else [])
+    return ServerConfig(
+        served_model_names=served_model_names(model, args.served_model_name), host=args.host, port=args.port,
+        api_keys=tuple(keys), protect_metrics=args.protect_metrics,
+        max_num_queued_requests=args.max_num_queued_requests, max_queued_tokens=args.max_queued_tokens,
+        max_request_bytes=args.max_request_bytes, request_timeout=args.request_timeout or None,
+        shutdown_grace=args.shutdown_grace, metrics_interval=args.metrics_interval)
+
+
+def _configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("servelab")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from servelab.engine_args import EngineArgs
+
+    if args.model_tag and args.model and args.model_tag != args.model:
+        raise ValueError(f"two models given: {args.model_tag!r} and --model {args.model!r}")
+    model = args.model_tag or args.model
+    args.model = model
+    config = server_config(args, model)  # flag errors before the (slow) model load
+    _configure_logging(args.log_level)
+    logger.info("loading %s", model or DEFAULT_SERVED_MODEL_NAME)
+    from servelab.llm_engine import LLMEngine
+
+    engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
+    from servelab.gateway.server import serve
+
+    serve(engine, config, model_path=model, log_level=args.log_level)
+    return 0

@@ -1,0 +1,204 @@
+"""One API call in flight: its context (ids, arrival, deadline), its engine requests, admission ticket
+and outcome, and the merged stream of their outputs."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from starlette.requests import Request
+
+from servelab.gateway.admission import Ticket
+from servelab.gateway.async_engine import AsyncEngine, EngineDeadError, EngineStepError
+from servelab.gateway.request_stream import RequestStream
+from servelab.gateway.errors import OpenAIError, bad_request, engine_unavailable, internal_error, request_timeout
+from servelab.outputs import RequestOutput
+from servelab.sampling_params import SamplingParams
+
+request_logger = logging.getLogger("servelab.requests")
+CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+@dataclass
+class Prompt:
+    text: str | None
+    token_ids: list[int]
+
+
+class RequestContext:
+    """Per HTTP request: ids, arrival time and deadline (set before the body is read)."""
+
+    def __init__(self, http: Request, endpoint: str, id_prefix: str, timeout_s: float | None) -> None:
+        self.http = http
+        self.endpoint = endpoint
+        self.arrival = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        self.deadline = None if timeout_s is None else loop.time() + timeout_s
+        self.timeout_s = timeout_s
+        self.internal_id = http.scope.get("state", {}).get("internal_request_id") or uuid.uuid4().hex
+        self.x_request_id = http.scope.get("state", {}).get("request_id", self.internal_id)
+        self.request_id = f"{id_prefix}-{self.internal_id}"
+
+    def log(self, status: int, **fields) -> None:
+        record = {"event": "request", "request_id": self.request_id, "x_request_id": self.x_request_id,
+                  "endpoint": self.endpoint, "status": status, **fields,
+                  "e2e_s": round(time.perf_counter() - self.arrival, 6)}
+        request_logger.info(json.dumps(record, separators=(",", ":")))
+
+
+class Job:
+    """One API call: its engine requests (one per prompt), admission ticket and outcome. close() runs
+    exactly once however the call ends: it aborts what is unfinished, releases the ticket, logs."""
+
+    def __init__(self, ctx: RequestContext, engine: AsyncEngine, ticket: Ticket, model: str,
+                 prompts: list[Prompt], params: SamplingParams, stream: bool) -> None:
+        self.ctx = ctx
+        self.engine = engine
+        self.ticket = ticket
+        self.request_id = ctx.request_id
+        self.model = model
+        self.prompts = prompts
+        self.params = params
+        self.stream = stream
+        self.streams: list[RequestStream] = []
+        self.final: dict[int, RequestOutput] = {}
+        self.status = 200
+        self.error: str | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._closed = False
+
+    def engine_request_id(self, index: int) -> str:
+        return self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{index}"
+
+    async def start(self) -> None:
+        """Hand every prompt to the engine at once, then wait until it took them all."""
+        self.streams = [self.engine.submit(self.engine_request_id(i), {"prompt_token_ids": p.token_ids,
+                                                                       "prompt": p.text},
+                                           self.params, self.ctx.arrival)
+                        for i, p in enumerate(self.prompts)]
+        try:
+            await self._wait(asyncio.gather(*(s.accepted for s in self.streams)))
+        except ValueError as exc:
+            raise bad_request(str(exc), param="prompt") from exc
+        except asyncio.TimeoutError as exc:
+            raise request_timeout(self.ctx.timeout_s) from exc
+        except (EngineDeadError, EngineStepError) as exc:
+            raise engine_error(exc) from exc
+
+    async def _wait(self, awaitable) -> None:
+        """Await until the request's deadline; asyncio.TimeoutError past it."""
+        if self.ctx.deadline is None:
+            await awaitable
+        else:
+            await asyncio.wait_for(awaitable, max(0.0, self.ctx.deadline - asyncio.get_running_loop().time()))
+
+    async def outputs(self, watch_disconnect: bool = False) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, latest snapshot) as they change, until every request finished. Raises
+        OpenAIError on timeout or engine failure, ClientDisconnected when watching and the client left."""
+        latest: dict[int, RequestOutput] = {}
+        errors: list[BaseException] = []
+        wake = asyncio.Event()
+        client_gone = False
+
+        async def pump(index: int, stream: RequestStream) -> None:
+            try:
+                async for out in stream:
+                    if any(c.token_ids for c in out.outputs):
+                        self.ticket.started(index)
+                    latest[index] = out
+                    wake.set()
+            except Exception as exc:
+                errors.append(exc)
+                wake.set()
+
+        async def watch() -> None:
+            nonlocal client_gone
+            while (await self.ctx.http.receive())["type"] != "http.disconnect":
+                pass
+            client_gone = True
+            wake.set()
+
+        self._tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self.streams)]
+        if watch_disconnect:
+            self._tasks.append(asyncio.create_task(watch()))
+        remaining = set(range(len(self.streams)))
+        try:
+            while remaining:
+                if errors:
+                    raise engine_error(errors[0])
+                if client_gone:
+                    raise ClientDisconnected()
+                if not latest:
+                    wake.clear()
+                    await self._wait(wake.wait())
+                    continue
+                items = sorted(latest.items())
+                latest.clear()
+                for index, out in items:
+                    self.final[index] = out
+                    if out.finished:
+                        remaining.discard(index)
+                        if any(c.finish_reason not in ("stop", "length") for c in out.outputs):
+                            raise internal_error("the engine ended the request without finishing it "
+                                                 f"({', '.join(str(c.finish_reason) for c in out.outputs)})")
+                    yield index, out
+        except asyncio.TimeoutError as exc:
+            self.abort_unfinished()
+            raise request_timeout(self.ctx.timeout_s) from exc
+        finally:
+            self._cancel_tasks()
+
+    def _cancel_tasks(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+
+    def abort_unfinished(self) -> None:
+        for stream in self.streams:
+            if not stream.done:
+                self.engine.abort(stream.request_id)
+
+    def fail(self, exc: OpenAIError) -> None:
+        self.status, self.error = exc.status, exc.message
+
+    def usage(self) -> dict:
+        prompt = sum(len(p.token_ids) for p in self.prompts)
+        completion = sum(len(c.token_ids) for out in self.final.values() for c in out.outputs)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def close(self, completed: bool = True, log: bool = True) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._cancel_tasks()
+        self.abort_unfinished()
+        self.ticket.release()
+        if not completed and self.status == 200:
+            self.status, self.error = CLIENT_CLOSED, "client disconnected"
+        if not log:
+            return
+        first = [s.first_token_time for s in self.streams if s.first_token_time is not None]
+        reasons = [c.finish_reason for _, out in sorted(self.final.items()) for c in out.outputs]
+        usage = self.usage()
+        self.ctx.log(self.status, model=self.model, stream=self.stream,
+                     n=self.params.n, prompt_tokens=usage["prompt_tokens"],
+                     output_tokens=usage["completion_tokens"],
+                     ttft_s=round(min(first) - self.ctx.arrival, 6) if first else None,
+                     finish_reason=(reasons[0] if len(set(reasons)) == 1 else reasons) if reasons else None,
+                     **({"error": self.error} if self.error else {}))
+
+
+def engine_error(exc: BaseException) -> OpenAIError:
+    if isinstance(exc, OpenAIError):
+        return exc
+    if isinstance(exc, EngineDeadError):
+        return engine_unavailable(str(exc))
+    return internal_error(str(exc))

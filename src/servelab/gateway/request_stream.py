@@ -1,0 +1,59 @@
+"""The event-loop side of one engine request: cumulative RequestOutput snapshots as an async iterator."""
+from __future__ import annotations
+
+import asyncio
+
+from servelab.outputs import RequestOutput
+
+
+class RequestStream:
+    """The event-loop side of one request: an async iterator of cumulative RequestOutput snapshots.
+
+    Only the latest snapshot is kept, so a slow consumer skips intermediate ones and memory stays
+    bounded; the finished snapshot is never skipped. All methods run on the event loop."""
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = request_id
+        self.accepted: asyncio.Future[None] = loop.create_future()
+        self.first_token_time: float | None = None
+        self.done = False  # the consumer has seen the end (finished output or error)
+        self._latest: RequestOutput | None = None
+        self._error: BaseException | None = None
+        self._event = asyncio.Event()
+
+    # ---- called by AsyncEngine on the loop (scheduled from the engine thread)
+    def on_accepted(self) -> None:
+        if not self.accepted.done():
+            self.accepted.set_result(None)
+
+    def on_output(self, output: RequestOutput, token_time: float | None) -> None:
+        if token_time is not None and self.first_token_time is None:
+            self.first_token_time = token_time
+        self._latest = output
+        self._event.set()
+
+    def on_error(self, error: BaseException) -> None:
+        if not self.accepted.done():
+            self.accepted.set_exception(error)
+            self.accepted.exception()  # mark retrieved: a rejection awaited by nobody is not a bug
+        self._error = error
+        self._event.set()
+
+    # ---- consumed by the request handler
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        while True:
+            if self._latest is not None:
+                output, self._latest = self._latest, None
+                if output.finished:
+                    self.done = True
+                return output
+            if self._error is not None and not self.done:
+                self.done = True
+                raise self._error
+            if self.done:
+                raise StopAsyncIteration
+            self._event.clear()
+            await self._event.wait()

@@ -1,0 +1,154 @@
+"""OpenAI's response bodies and stream chunks, built from the RequestOutput snapshots of a Job."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Iterator
+
+from servelab.gateway.errors import OpenAIError
+from servelab.gateway.job import Job
+from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest
+from servelab.gateway.sse import SSE_DONE, sse_event
+from servelab.model.tokenizer import Tokenizer
+from servelab.outputs import CompletionOutput, RequestOutput, TokenLogprob
+
+
+@dataclass
+class _ChoiceState:
+    """What one choice's stream has sent so far."""
+    num_chars: int = 0
+    num_logprobs: int = 0
+    text_offset: int = 0
+    started: bool = False
+    finished: bool = False
+
+
+class ResponseBuilder:
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._token_strs: dict[int, str] = {}
+
+    def completion_body(self, job: Job, req: CompletionRequest) -> dict:
+        choices = []
+        for i, out in sorted(job.final.items()):
+            for c in out.outputs:
+                choices.append({"index": i * job.params.n + c.index,
+                                "text": self._prompt_text(job, i) + c.text if req.echo else c.text,
+                                "logprobs": self._completion_logprobs(c.logprobs or [], _ChoiceState())
+                                if req.logprobs is not None else None,
+                                "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+        return {"id": job.request_id, "object": "text_completion", "created": int(time.time()), "model": job.model,
+                "choices": choices, "usage": job.usage()}
+
+    def chat_body(self, job: Job, req: ChatCompletionRequest) -> dict:
+        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                    "logprobs": self._chat_logprobs(c.logprobs or []) if req.logprobs else None,
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in job.final[0].outputs]
+        return {"id": job.request_id, "object": "chat.completion", "created": int(time.time()), "model": job.model,
+                "choices": choices, "usage": job.usage()}
+
+    async def completion_stream(self, job: Job, req: CompletionRequest) -> AsyncIterator[bytes]:
+        head = {"id": job.request_id, "object": "text_completion", "created": int(time.time()), "model": job.model}
+        tail = {"usage": None} if req.include_usage else {}
+        states = [_ChoiceState() for _ in range(len(job.prompts) * job.params.n)]
+        try:
+            async for i, out in job.outputs():
+                for index, c, state, text, logprobs in self._deltas(job, i, out, states):
+                    if req.echo and not state.started:
+                        text = self._prompt_text(job, i) + text
+                    state.started = True
+                    choice = {"index": index, "text": text,
+                              "logprobs": self._completion_logprobs(logprobs, state) if req.logprobs is not None
+                              else None, "finish_reason": _finish_reason(c), "stop_reason": c.stop_reason}
+                    yield sse_event({**head, "choices": [choice], **tail})
+            async for frame in self._stream_end(job, req.include_usage, head):
+                yield frame
+        except OpenAIError as exc:
+            async for frame in self._stream_error(job, exc):
+                yield frame
+
+    async def chat_stream(self, job: Job, req: ChatCompletionRequest) -> AsyncIterator[bytes]:
+        head = {"id": job.request_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": job.model}
+        tail = {"usage": None} if req.include_usage else {}
+        states = [_ChoiceState() for _ in range(job.params.n)]
+        try:
+            for index in range(job.params.n):
+                choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                          "finish_reason": None}
+                yield sse_event({**head, "choices": [choice], **tail})
+            async for i, out in job.outputs():
+                for index, c, state, text, logprobs in self._deltas(job, i, out, states):
+                    choice = {"index": index, "delta": {"content": text} if text or logprobs else {},
+                              "logprobs": self._chat_logprobs(logprobs) if req.logprobs else None,
+                              "finish_reason": _finish_reason(c), "stop_reason": c.stop_reason}
+                    yield sse_event({**head, "choices": [choice], **tail})
+            async for frame in self._stream_end(job, req.include_usage, head):
+                yield frame
+        except OpenAIError as exc:
+            async for frame in self._stream_error(job, exc):
+                yield frame
+
+    @staticmethod
+    def _deltas(job: Job, prompt_index: int, out: RequestOutput,
+                states: list[_ChoiceState]) -> Iterator[tuple[int, CompletionOutput, _ChoiceState, str, list]]:
+        """(choice index, completion, its state, new text, new logprobs) for each choice with news."""
+        for c in out.outputs:
+            index = prompt_index * job.params.n + c.index
+            state = states[index]
+            if state.finished:
+                continue
+            text = c.text[state.num_chars:]
+            logprobs = (c.logprobs or [])[state.num_logprobs:]
+            state.num_chars, state.num_logprobs, state.finished = len(c.text), len(c.logprobs or []), c.finished
+            if text or logprobs or c.finished:
+                yield index, c, state, text, logprobs
+
+    @staticmethod
+    async def _stream_end(job: Job, include_usage: bool, head: dict) -> AsyncIterator[bytes]:
+        if include_usage:
+            yield sse_event({**head, "choices": [], "usage": job.usage()})
+        yield SSE_DONE
+        job.close()
+
+    @staticmethod
+    async def _stream_error(job: Job, exc: OpenAIError) -> AsyncIterator[bytes]:
+        job.fail(exc)
+        job.close()
+        yield sse_event(exc.body())
+        yield SSE_DONE
+
+    def _prompt_text(self, job: Job, prompt_index: int) -> str:
+        prompt = job.prompts[prompt_index]
+        return prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)
+
+    def _token_str(self, token_id: int) -> str:
+        text = self._token_strs.get(token_id)
+        if text is None:
+            text = self._token_strs[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def _completion_logprobs(self, entries: list[TokenLogprob], state: _ChoiceState) -> dict:
+        tokens, token_logprobs, top, offsets = [], [], [], []
+        for entry in entries:
+            text = self._token_str(entry.token_id)
+            tokens.append(text)
+            token_logprobs.append(entry.logprob)
+            alternatives = {self._token_str(t): lp for t, lp in entry.top_logprobs}
+            alternatives.setdefault(text, entry.logprob)
+            top.append(alternatives)
+            offsets.append(state.text_offset)
+            state.text_offset += len(text)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+    def _chat_logprobs(self, entries: list[TokenLogprob]) -> dict:
+        def item(token_id: int, logprob: float) -> dict:
+            text = self._token_str(token_id)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+        return {"content": [{**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top_logprobs]}
+                            for e in entries]}
+
+
+def _finish_reason(c: CompletionOutput) -> str | None:
+    return c.finish_reason if c.finished else None

@@ -1,0 +1,45 @@
+"""What the engine thread hands to the metrics recorder after each loop iteration: plain numbers,
+built without touching Prometheus so the engine's hot path stays free of metric bookkeeping."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from servelab.metrics.request_stats import RequestTiming
+
+
+@dataclass(frozen=True)
+class EngineState:
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_blocks: int
+    num_free_blocks: int
+    block_size: int
+    num_reserved_unused_slots: int
+    max_num_seqs: int
+    num_preemptions_total: int
+
+
+@dataclass(frozen=True)
+class StepSample:
+    duration: float
+    num_scheduled_tokens: int
+    num_generation_tokens: int
+    # prompt tokens of requests (per sample when n > 1) whose first token came out this step
+    num_prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    request_id: str
+    # one per completion (n of them); a completion with no tokens has no timing
+    finish_reasons: list[str]
+    timings: list[RequestTiming] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EngineEvents:
+    """One engine loop iteration: the state after it, the step it ran (if any), who finished."""
+    state: EngineState
+    step: StepSample | None = None
+    finished: list[FinishedRequest] = field(default_factory=list)

@@ -1,0 +1,171 @@
+"""Every Prometheus metric the server exports: vLLM's names and meanings under `servelab:`, plus
+servelab's own meters. One registry per server so tests can run several in one process."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from servelab.metrics.events import EngineState, FinishedRequest, StepSample
+
+PREFIX = "servelab:"
+# vLLM's buckets, so dashboards built for it read the same.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+FINISHED_REASONS = ("stop", "length", "abort", "error")
+
+
+def token_buckets(max_value: int) -> tuple[int, ...]:
+    """vLLM's 1-2-5 series up to max_value: 1, 2, 5, 10, 20, 50, ..."""
+    buckets, exponent = [], 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10 ** exponent
+            if value > max_value:
+                return tuple(buckets)
+            buckets.append(value)
+        exponent += 1
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str, weight_bytes: int, max_model_len: int = 8192, device: str = "cpu",
+                 registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model_name"]
+        r = self.registry
+
+        def gauge(name, doc, extra=()):
+            return Gauge(PREFIX + name, doc, labels + list(extra), registry=r)
+
+        def counter(name, doc, extra=()):
+            return Counter(PREFIX + name, doc, labels + list(extra), registry=r)
+
+        def histogram(name, doc, buckets):
+            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=r)
+
+        # ---- vLLM's names
+        self.num_requests_running = gauge("num_requests_running", "Number of requests in model execution batches.")
+        self.num_requests_waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_cache_usage_perc = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.num_preemptions = counter("num_preemptions", "Cumulative number of preemptions from the engine.")
+        self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
+        self.request_success = counter("request_success", "Count of successfully processed requests.",
+                                       ["finished_reason"])
+        self.time_to_first_token = histogram("time_to_first_token_seconds",
+                                             "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+        # vLLM's meanings: time_per_output_token_seconds is per token (the older name of
+        # inter_token_latency_seconds); request_time_per_output_token_seconds is each request's TPOT.
+        self.time_per_output_token = histogram("time_per_output_token_seconds",
+                                               "Histogram of time per output token in seconds.", TPOT_BUCKETS)
+        self.request_time_per_output_token = histogram(
+            "request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
+            TPOT_BUCKETS)
+        self.inter_token_latency = histogram("inter_token_latency_seconds",
+                                             "Histogram of inter-token latency in seconds.", TPOT_BUCKETS)
+        self.e2e_request_latency = histogram("e2e_request_latency_seconds",
+                                             "Histogram of end to end request latency in seconds.",
+                                             REQUEST_LATENCY_BUCKETS)
+        self.request_queue_time = histogram("request_queue_time_seconds",
+                                            "Histogram of time spent waiting to be scheduled, in seconds.",
+                                            REQUEST_LATENCY_BUCKETS)
+        self.request_prefill_time = histogram("request_prefill_time_seconds",
+                                              "Histogram of time spent in PREFILL phase for request.",
+                                              REQUEST_LATENCY_BUCKETS)
+        self.request_decode_time = histogram("request_decode_time_seconds",
+                                             "Histogram of time spent in DECODE phase for request.",
+                                             REQUEST_LATENCY_BUCKETS)
+        self.request_prompt_tokens = histogram("request_prompt_tokens", "Number of prefill tokens processed.",
+                                               token_buckets(max_model_len))
+        self.request_generation_tokens = histogram("request_generation_tokens",
+                                                   "Number of generation tokens processed.",
+                                                   token_buckets(max_model_len))
+        self.iteration_tokens = histogram("iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                                          ITERATION_TOKEN_BUCKETS)
+        # ---- servelab's own meters
+        self.batch_slot_saturation = gauge("batch_slot_saturation",
+                                           "Running requests over max_num_seqs (1 = every batch slot taken).")
+        self.kv_cache_reserved_unused_slots = gauge(
+            "kv_cache_reserved_unused_slots",
+            "Token slots held in KV blocks but not filled (the waste of contiguous reservation, static stages).")
+        self.kv_cache_reserved_unused_perc = gauge("kv_cache_reserved_unused_perc",
+                                                   "Reserved-but-unused token slots over the whole KV pool.")
+        self.kv_cache_num_blocks = gauge("kv_cache_num_blocks", "KV cache pool size in blocks.")
+        self.kv_cache_num_free_blocks = gauge("kv_cache_num_free_blocks", "Free KV cache blocks.")
+        self.weight_bytes = gauge("weight_bytes", "Model weight bytes held per device.", ["device"])
+        self.num_requests_queued = gauge("num_requests_queued",
+                                         "Requests admitted by the gateway that have no first token yet.")
+        self.num_requests_rejected = counter("num_requests_rejected",
+                                             "Requests refused at admission (429 queue full, 503 draining).",
+                                             ["reason"])
+
+        m = model_name
+        # Create every series now so scrapes see them (at 0) before the first request.
+        for metric in (self.num_requests_running, self.num_requests_waiting, self.kv_cache_usage_perc,
+                       self.num_preemptions, self.prompt_tokens, self.generation_tokens, self.time_to_first_token,
+                       self.time_per_output_token, self.request_time_per_output_token, self.inter_token_latency,
+                       self.e2e_request_latency, self.request_queue_time, self.request_prefill_time,
+                       self.request_decode_time, self.request_prompt_tokens, self.request_generation_tokens,
+                       self.iteration_tokens, self.batch_slot_saturation,
+                       self.kv_cache_reserved_unused_slots, self.kv_cache_reserved_unused_perc,
+                       self.kv_cache_num_blocks, self.kv_cache_num_free_blocks, self.num_requests_queued):
+            metric.labels(m)
+        for reason in FINISHED_REASONS:
+            self.request_success.labels(m, reason)
+        for reason in ("queue_full", "draining"):
+            self.num_requests_rejected.labels(m, reason)
+        self.weight_bytes.labels(m, device).set(weight_bytes)
+        self._num_preemptions_seen = 0
+
+    # ---- recording (called from the metrics recorder thread, never the engine's)
+    def record_state(self, s: EngineState) -> None:
+        m = self.model_name
+        self.num_requests_running.labels(m).set(s.num_running)
+        self.num_requests_waiting.labels(m).set(s.num_waiting)
+        self.kv_cache_usage_perc.labels(m).set(s.kv_usage)
+        self.kv_cache_num_blocks.labels(m).set(s.num_blocks)
+        self.kv_cache_num_free_blocks.labels(m).set(s.num_free_blocks)
+        self.batch_slot_saturation.labels(m).set(s.num_running / s.max_num_seqs)
+        self.kv_cache_reserved_unused_slots.labels(m).set(s.num_reserved_unused_slots)
+        self.kv_cache_reserved_unused_perc.labels(m).set(s.num_reserved_unused_slots / (s.num_blocks * s.block_size))
+        if s.num_preemptions_total > self._num_preemptions_seen:
+            self.num_preemptions.labels(m).inc(s.num_preemptions_total - self._num_preemptions_seen)
+            self._num_preemptions_seen = s.num_preemptions_total
+
+    def record_step(self, step: StepSample) -> None:
+        m = self.model_name
+        self.iteration_tokens.labels(m).observe(step.num_scheduled_tokens)
+        if step.num_prompt_tokens:
+            self.prompt_tokens.labels(m).inc(step.num_prompt_tokens)
+        if step.num_generation_tokens:
+            self.generation_tokens.labels(m).inc(step.num_generation_tokens)
+
+    def record_finished(self, request: FinishedRequest) -> None:
+        m = self.model_name
+        for reason in request.finish_reasons:
+            self.request_success.labels(m, reason).inc()
+        for t in request.timings:
+            self.time_to_first_token.labels(m).observe(t.ttft)
+            self.e2e_request_latency.labels(m).observe(t.e2el)
+            self.request_prompt_tokens.labels(m).observe(t.prompt_len)
+            self.request_generation_tokens.labels(m).observe(t.output_len)
+            self.request_decode_time.labels(m).observe(t.finished - t.first_token)
+            if t.tpot is not None:
+                self.request_time_per_output_token.labels(m).observe(t.tpot)
+            if t.queue_time is not None:
+                self.request_queue_time.labels(m).observe(t.queue_time)
+                self.request_prefill_time.labels(m).observe(t.first_token - t.first_scheduled)
+            itl, tpot = self.inter_token_latency.labels(m), self.time_per_output_token.labels(m)
+            for gap in t.itls:
+                itl.observe(gap)
+                tpot.observe(gap)
+
+    def record_rejected(self, reason: str) -> None:
+        self.num_requests_rejected.labels(self.model_name, reason).inc()
+
+    def set_queued(self, num_queued: int) -> None:
+        self.num_requests_queued.labels(self.model_name).set(num_queued)

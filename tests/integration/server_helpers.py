@@ -1,0 +1,112 @@
+"""Helpers for driving a real `servelab serve` subprocess on a free 127.0.0.1 port."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+STARTUP_TIMEOUT_S = 120.0
+# Tiny engines: one torch thread (the machine is shared), a small fp32 KV pool (fp32 for exact greedy parity).
+TINY_ENGINE_FLAGS = ("--dtype", "float32", "--num-threads", "1", "--num-kv-blocks", "512")
+API_KEY = "test-key"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def servelab_command() -> list[str]:
+    script = Path(sys.executable).with_name("servelab")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "servelab.cli"]
+
+
+class ServerProcess:
+    def __init__(self, model: str | None, flags: tuple[str, ...], log_path: Path, env: dict | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        args = [*servelab_command(), "serve", *([model] if model else []), "--host", "127.0.0.1",
+                "--port", str(self.port), *flags]
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> "ServerProcess":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def request_log_lines(self) -> list[dict]:
+        lines = []
+        for line in self.log().splitlines():
+            _, sep, payload = line.partition("servelab.requests: ")
+            if sep:
+                lines.append(json.loads(payload))
+        return lines
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        if not self._log.closed:
+            self._log.close()
+
+
+def parse_sse(body: str) -> list[str]:
+    """Split an SSE body into its data payloads, asserting OpenAI's exact framing."""
+    assert body.endswith("\n\n"), body[-200:]
+    frames = body[:-2].split("\n\n")
+    payloads = []
+    for frame in frames:
+        assert frame.startswith("data: ") and "\n" not in frame, frame
+        payloads.append(frame[len("data: "):])
+    return payloads
+
+
+def metric_values(url: str, headers: dict | None = None) -> dict[str, float]:
+    """Prometheus samples as {'name{label=value,...}': value}, labels sorted, model_name left out."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(f"{url}/metrics", headers=headers or {}, timeout=10)
+    response.raise_for_status()
+    values = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "model_name")
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
+
+
+def wait_for_metrics(url: str, predicate, timeout: float = 15.0, headers: dict | None = None) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    values = metric_values(url, headers)
+    while not predicate(values) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        values = metric_values(url, headers)
+    assert predicate(values), {k: v for k, v in values.items() if "bucket" not in k}
+    return values
