@@ -1,4 +1,4 @@
-"""servelab command line: generate | bench | lab (and serve, once the gateway lands)."""
+"""servelab command line: serve | generate | bench | lab."""
 from __future__ import annotations
 
 import argparse

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from pathlib import Path
 
 import torch
 
@@ -15,7 +16,7 @@ from servelab.core.request import Request
 from servelab.core.scheduler import Scheduler
 from servelab.engine_args import EngineArgs
 from servelab.executor.model_executor import ModelExecutor
-from servelab.model.loader import load_model_config, resolve_dtype, resolve_model_path
+from servelab.model.loader import DEFAULT_MODEL, load_model_config, resolve_dtype, resolve_model_path
 from servelab.model.tokenizer import Tokenizer
 from servelab.output_processor import OutputProcessor
 from servelab.outputs import RequestOutput
@@ -51,7 +52,7 @@ class LLMEngine:
         config = EngineConfig(model=model_config, cache=cache, scheduler=sched, dtype=str(dtype).removeprefix("torch."))
         tokenizer = Tokenizer.from_pretrained(folder)
         executor = ModelExecutor.from_pretrained(folder, model_config, cache, dtype, sched.max_model_len)
-        return cls(config, tokenizer, executor, args.model or "SmolLM2-135M-Instruct")
+        return cls(config, tokenizer, executor, Path(args.model).name if args.model else DEFAULT_MODEL)
 
     @property
     def max_model_len(self) -> int:
@@ -117,7 +118,6 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         step = self.core.step()
-        if step.stats is not None:
-            self.last_step_stats = step.stats
+        self.last_step_stats = step.stats  # None when the step had nothing to run
         return self.output_processor.process(step.outputs)
 
