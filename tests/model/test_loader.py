@@ -147,7 +147,7 @@ def test_gguf_round_trip_and_cache_reuse(tmp_path, tiny_llama_dir, monkeypatch):
     monkeypatch.setenv("SERVELAB_CACHE_DIR", str(tmp_path / "cache"))
 
     folder = resolve_model_path(gguf_file)
-    assert folder.parent == tmp_path / "cache" and folder.name.startswith("tiny-")
+    assert folder.parent == tmp_path / "cache" / "models" and folder.name.startswith("tiny-")
     assert os.listdir(folder.parent) == [folder.name]  # no temp folder left behind
     converted = load_file(str(folder / "model.safetensors"))
     assert converted.keys() == original.keys()

@@ -3,12 +3,20 @@ per user. The PyTorch model code stays the reference; these are the fast path fo
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 SOURCES = ("bindings.cpp", "linear_bf16.cpp", "cpu_ops.cpp")
+HEADERS = ("ops.h", "simd.h")
+
+
+def _build_name(here: Path) -> str:
+    # torch rebuilds when a listed source changes but not a header: name the build after them all.
+    digest = hashlib.sha256(b"".join((here / f).read_bytes() for f in SOURCES + HEADERS)).hexdigest()
+    return f"servelab_cpu_ops_{digest[:10]}"
 
 
 def _cpu_has_avx2_fma() -> bool:
@@ -22,16 +30,18 @@ def _cpu_has_avx2_fma() -> bool:
 @functools.lru_cache(maxsize=None)
 def cpu_ops():
     """The compiled module, or None where it cannot be built (no AVX2/FMA, no C++ compiler, or
-    SERVELAB_NO_KERNELS=1); callers then stay on PyTorch's own ops."""
+    SERVELAB_NO_KERNELS=1); callers then stay on PyTorch's own ops. The first build takes about a
+    minute; later processes load the cached .so."""
     if os.environ.get("SERVELAB_NO_KERNELS") == "1" or not _cpu_has_avx2_fma():
         return None
     try:
         from torch.utils.cpp_extension import load
 
         here = Path(__file__).parent
-        cache = Path(os.environ.get("SERVELAB_CACHE_DIR", Path.home() / ".cache" / "servelab")) / "kernels"
+        name = _build_name(here)
+        cache = Path(os.environ.get("SERVELAB_CACHE_DIR", Path.home() / ".cache" / "servelab")) / "kernels" / name
         cache.mkdir(parents=True, exist_ok=True)
-        return load(name="servelab_cpu_ops", sources=[str(here / s) for s in SOURCES],
+        return load(name=name, sources=[str(here / s) for s in SOURCES],
                     extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
                     build_directory=str(cache), verbose=False)
     except Exception as exc:  # a missing compiler must not stop the engine, only slow bf16 down

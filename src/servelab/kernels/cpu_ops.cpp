@@ -9,22 +9,14 @@
 #include <vector>
 
 #include "ops.h"
+#include "simd.h"
 
 namespace servelab {
 namespace {
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) {
-  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+inline __m256 load8(const c10::BFloat16* p) { return simd::load_bf16x8(reinterpret_cast<const uint16_t*>(p)); }
+using simd::hsum;
 
 // n is a multiple of 8 (head_dim 64/128, hidden sizes): checked by the callers.
 template <typename T>

@@ -10,31 +10,18 @@
 #include <cstring>
 
 #include "ops.h"
+#include "simd.h"
 
+namespace servelab {
 namespace {
 
 constexpr int MB = 4;        // rows of x per micro-tile
 constexpr int NB = 3;        // rows of w per micro-tile: 12 accumulators + 3 weights + 1 x = 16 ymm
 constexpr int N_TILE = 48;   // rows of w per thread task (48 * K * 2 bytes stays in L2)
 
-inline __m256 load_bf16x8(const uint16_t* p) {
-  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline float bf16_to_float(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
+using simd::bf16_to_float;
+using simd::hsum;
+using simd::load_bf16x8;
 
 // Computes y[m0:m0+mb, n0:n0+nb] for mb <= MB, nb <= NB.
 template <int mb, int nb>
@@ -104,8 +91,6 @@ void gemv_row(const float* x_even, const float* x_odd, const uint16_t* w, float*
 }
 
 }  // namespace
-
-namespace servelab {
 
 at::Tensor linear_bf16w(const at::Tensor& x_in, const at::Tensor& w_in, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x_in.dim() == 2 && w_in.dim() == 2, "linear_bf16w: x (M, K) and w (N, K)");

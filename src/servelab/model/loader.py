@@ -34,7 +34,7 @@ def default_gguf_path() -> Path:
 
 def cache_root() -> Path:
     env = os.environ.get("SERVELAB_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "servelab" / "models"
+    return (Path(env).expanduser() if env else Path.home() / ".cache" / "servelab") / "models"
 
 
 def converted_gguf_dir(gguf_path: Path) -> Path:
@@ -55,7 +55,7 @@ def _from_gguf(gguf_path: Path) -> Path:
 def resolve_model_path(model: str | os.PathLike | None) -> Path:
     """A folder with config.json for `model`: None or the default's name, a .gguf file, or a folder.
 
-    GGUF files are converted once into the cache (`$SERVELAB_CACHE_DIR` or ~/.cache/servelab/models);
+    GGUF files are converted once into the cache (`$SERVELAB_CACHE_DIR/models`, default ~/.cache/servelab/models);
     later calls find the converted folder and return at once. An existing path wins over the alias.
     """
     if model is None:
