@@ -34,6 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
     from servelab.bench import latency, throughput
     throughput.add_parser(bench_sub)
     latency.add_parser(bench_sub)
+    from servelab.bench import serve as bench_serve, stages, sweep
+    bench_serve.add_parser(bench_sub)
+    sweep.add_parser(bench_sub)
+    stages.add_parser(bench_sub)
 
     try:
         from servelab.lab.cli import add_lab_parser
