@@ -1,12 +1,18 @@
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from servelab.model.loader import resolve_model_path
+
+# tests/integration holds the helpers that run a real `servelab serve`; the gateway and the load
+# generator tests both start servers through the start_server fixture below.
+sys.path.insert(0, str(Path(__file__).parent / "integration"))
+from server_helpers import ServerProcess  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 TINY_DIMS = dict(
@@ -58,3 +64,24 @@ def tiny_qwen2_dir(tmp_path_factory, default_model_dir) -> Path:
     torch.manual_seed(1)
     config = Qwen2Config(**TINY_DIMS, tie_word_embeddings=False, dtype="float32")
     return _save_tiny(Qwen2ForCausalLM(config), tmp_path_factory.mktemp("tiny_qwen2"), default_model_dir)
+
+
+@pytest.fixture(scope="session")
+def start_server(tmp_path_factory):
+    """start_server(model, *flags, env=None) -> a ready ServerProcess, killed at the end of the session
+    (or earlier by the test)."""
+    servers: list[ServerProcess] = []
+
+    def start(model: str | Path | None, *flags: str, env: dict | None = None) -> ServerProcess:
+        log_path = tmp_path_factory.mktemp("server") / "server.log"
+        server = ServerProcess(str(model) if model else None, flags, log_path, env)
+        servers.append(server)
+        try:
+            return server.wait_ready()
+        except Exception:
+            server.stop()
+            raise
+
+    yield start
+    for server in servers:
+        server.stop()
