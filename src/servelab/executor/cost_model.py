@@ -18,6 +18,7 @@ import numpy as np
 
 from servelab.core.plan import SampledToken, StepPlan, StepResult
 from servelab.core.multi_step import DecodeRun
+from servelab.executor.curve import PiecewiseLinear
 from servelab.lab.catalog import DTYPE_BYTES, DeviceSpec, ModelSpec
 
 DUMMY_TOKEN_ID = 0
@@ -34,6 +35,10 @@ class Efficiency:
     ring_step_latency_s: float
     step_overhead_s: float
     request_overhead_s: float
+    # Measured instead of max(FLOPs, bytes) (a CPU profile, tp 1 only): seconds of all decoder layers'
+    # linear layers against the step's token count, and of the LM head against the rows it samples.
+    layers_curve: PiecewiseLinear | None = None
+    lm_head_curve: PiecewiseLinear | None = None
 
 
 # Datacenter GPUs running vLLM-class kernels. Teaching assumptions, each anchored to a public figure:
@@ -62,6 +67,8 @@ class CostModel:
     def __init__(self, model: ModelSpec, device: DeviceSpec, efficiency: Efficiency,
                  tensor_parallel_size: int = 1, dtype: str = "bfloat16") -> None:
         tp = tensor_parallel_size
+        if efficiency.layers_curve is not None and tp != 1:
+            raise ValueError("a measured device profile prices one device (tp 1) only")
         self.model, self.device, self.efficiency, self.tp, self.dtype = model, device, efficiency, tp, dtype
         dtype_bytes = DTYPE_BYTES[dtype]
         m = model
@@ -84,6 +91,9 @@ class CostModel:
 
     # ---- components, in seconds per step
     def weights_time(self, num_tokens: int, num_sampled: int) -> float:
+        e = self.efficiency
+        if e.layers_curve is not None:
+            return e.layers_curve(num_tokens) + (e.lm_head_curve(num_sampled) if num_sampled else 0.0)
         m, k = self.model, self.model.num_experts_per_tok
         if m.num_experts > 1:  # expected experts touched when num_tokens tokens each pick k of E at random
             experts_read = m.num_experts * (1 - (1 - k / m.num_experts) ** num_tokens)

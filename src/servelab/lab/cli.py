@@ -1,4 +1,4 @@
-"""`servelab lab simulate | advise | sweep`. The deployment flags are the real engine's names, the
+"""`servelab lab simulate | advise | sweep | profile | validate`. The deployment flags are the real engine's names, the
 workload flags the load generator's (`vllm bench serve`'s)."""
 from __future__ import annotations
 
@@ -113,6 +113,11 @@ def _add_lab_commands(sub) -> None:
     swp.add_argument("--output", type=Path, default=Path("lab-sweep.png"), help="PNG path")
     swp.set_defaults(func=_handler("cmd_sweep"))
 
+    from servelab.lab.profile_command import add_profile_parser
+    from servelab.lab.validate_command import add_validate_parser
+    add_profile_parser(sub)
+    add_validate_parser(sub)
+
 
 def deployment_from_args(args: argparse.Namespace) -> Deployment:
     model, device = get_model(args.model), get_device(args.gpu)
@@ -120,6 +125,7 @@ def deployment_from_args(args: argparse.Namespace) -> Deployment:
     if args.gpu == LOCAL_CPU:
         from servelab.lab.profile import load_cpu_profile
         profile = load_cpu_profile()
+        profile.check_model(model)
         extra = dict(efficiency=profile.efficiency, kv_cache_bytes=profile.kv_cache_bytes)
         defaults = (profile.max_num_seqs, profile.max_num_batched_tokens, profile.dtype)
     else:

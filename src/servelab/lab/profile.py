@@ -5,13 +5,17 @@ Stored as JSON at $SERVELAB_CACHE_DIR/lab/local-cpu.json (default ~/.cache/serve
   {"format": "servelab-lab-cpu-profile", "version": 1,
    "device": {"name": ..., "flops": F, "memory_bandwidth": B, "memory_bytes": M},
    "efficiency": {"matmul": 1.0, "attention": a, "memory": 1.0, "kv_memory": k,
-                  "step_overhead_s": o, "request_overhead_s": r},
+                  "step_overhead_s": o, "request_overhead_s": r,
+                  "layers_curve": {"x": [tokens...], "seconds": [...]},
+                  "lm_head_curve": {"x": [rows...], "seconds": [...]}},
    "kv_cache_bytes": K, "dtype": "bfloat16", "max_num_seqs": S, "max_num_batched_tokens": T,
    "fit": {"model": "smollm2-135m", "num_samples": n, "mean_abs_rel_error": e, ...},
    "created": "ISO time", "host": "..."}
 
-device.flops and device.memory_bandwidth are the fitted *effective* matmul FLOP/s and weight-streaming
-bytes/s, so matmul and memory efficiencies are 1.0; attention and kv_memory are fitted fractions of them.
+The two curves price a step's linear layers (measured, see executor/curve.py); device.flops and
+device.memory_bandwidth are the effective matmul FLOP/s and weight-streaming bytes/s read off them (for
+the meters' capacity figures), so matmul and memory efficiencies are 1.0; attention and kv_memory are
+fitted fractions of them. The overheads are the engine's own per step and per request.
 kv_cache_bytes, max_num_seqs and max_num_batched_tokens are the real engine's settings when profiled,
 so a simulation of local-cpu runs the scheduler with the pool and limits `servelab serve` uses.
 """
@@ -19,14 +23,16 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from servelab.executor.cost_model import Efficiency
-from servelab.lab.catalog import LOCAL_CPU, DeviceSpec
+from servelab.executor.curve import PiecewiseLinear
+from servelab.lab.catalog import LOCAL_CPU, DeviceSpec, ModelSpec
 
 PROFILE_FORMAT = "servelab-lab-cpu-profile"
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
+CURVES = ("layers_curve", "lm_head_curve")
 
 
 @dataclass(frozen=True)
@@ -47,12 +53,18 @@ class CpuProfile:
             "format": PROFILE_FORMAT, "version": PROFILE_VERSION,
             "device": {"name": d.name, "flops": d.flops, "memory_bandwidth": d.memory_bandwidth,
                        "memory_bytes": d.memory_bytes},
-            "efficiency": {k: v for k, v in asdict(self.efficiency).items()
-                           if k not in ("interconnect", "ring_step_latency_s")},
+            "efficiency": _efficiency_json(self.efficiency),
             "kv_cache_bytes": self.kv_cache_bytes, "dtype": self.dtype,
             "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
             "fit": self.fit, "created": self.created, "host": self.host,
         }
+
+    def check_model(self, model: ModelSpec) -> None:
+        """The measured curves price the profiled model only."""
+        profiled = self.fit.get("model_shape")
+        if profiled is not None and profiled != model_shape(model):
+            raise ValueError(f"the local-cpu profile was measured with {self.fit.get('model')}, not {model.name}; "
+                             f"run `servelab lab profile --model ...` for it")
 
     @classmethod
     def from_json(cls, data: dict, source: str = "") -> "CpuProfile":
@@ -66,13 +78,31 @@ class CpuProfile:
                 memory_bytes=int(d["memory_bytes"]), interconnect="none", interconnect_bandwidth=0.0,
                 network_bandwidth=0.0, gpus_per_node=1, source=f"servelab lab profile ({source})",
             )
-            efficiency = Efficiency(interconnect=1.0, ring_step_latency_s=0.0, **{k: float(v) for k, v in e.items()})
+            efficiency = Efficiency(interconnect=1.0, ring_step_latency_s=0.0,
+                                    **{k: PiecewiseLinear.from_json(v) if k in CURVES else float(v) for k, v in e.items()})
             return cls(device=device, efficiency=efficiency, kv_cache_bytes=int(data["kv_cache_bytes"]),
                        dtype=data["dtype"], max_num_seqs=int(data["max_num_seqs"]),
                        max_num_batched_tokens=int(data["max_num_batched_tokens"]), fit=dict(data.get("fit", {})),
                        created=data.get("created", ""), host=data.get("host", ""))
-        except (KeyError, TypeError) as err:
+        except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{source or 'CPU profile'} is incomplete ({err}); run `servelab lab profile` again") from None
+
+
+def model_shape(model: ModelSpec) -> list[int]:
+    return [model.hidden_size, model.intermediate_size, model.num_hidden_layers, model.num_attention_heads,
+            model.num_key_value_heads, model.head_dim, model.vocab_size, model.num_experts]
+
+
+def _efficiency_json(e: Efficiency) -> dict:
+    out = {}
+    for f in fields(e):
+        value = getattr(e, f.name)
+        if f.name in CURVES:
+            if value is not None:
+                out[f.name] = value.to_json()
+        elif f.name not in ("interconnect", "ring_step_latency_s"):
+            out[f.name] = value
+    return out
 
 
 def profile_path() -> Path:

@@ -1,0 +1,76 @@
+"""`servelab lab profile`: build the engine `servelab serve` would build with the same flags, time its
+steps, fit the `local-cpu` profile and save it (see lab/profiler.py and lab/profile.py)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from servelab.engine_args import EngineArgs
+
+DEFAULT_MODEL_ID = "smollm2-135m"  # the catalog entry of the default model
+
+
+def add_profile_parser(sub) -> None:
+    p = sub.add_parser("profile", help="time the real engine's steps on this machine and fit --gpu local-cpu")
+    EngineArgs.add_cli_args(p)
+    p.add_argument("--repeats", type=int, default=3, help="runs per step shape; the fastest counts")
+    p.add_argument("--quick", action="store_true", help="a smaller grid (a rough profile in a fraction of the time)")
+    p.add_argument("--json", action="store_true", help="print the saved profile as JSON")
+    p.set_defaults(func=cmd_profile)
+
+
+def profiled_model_spec(model: str | None):
+    """The lab's ModelSpec of the model being profiled: the catalog entry for the default model,
+    else one read from the folder's config.json (its id is the path, as `--model PATH` gives it)."""
+    from servelab.lab.catalog import get_model
+    from servelab.model.loader import resolve_model_path
+
+    if model is None:
+        return get_model(DEFAULT_MODEL_ID)
+    return get_model(str(resolve_model_path(model)))
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    import gc
+    import json
+
+    from servelab.lab.calibration import fit_steps
+    from servelab.lab.profile import save_cpu_profile
+    from servelab.lab.profiler import build_profile, measure_steps
+    from servelab.lab.serving_overhead import measure_serving_overhead
+    from servelab.llm_engine import LLMEngine
+
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    engine_args = EngineArgs.from_cli_args(args)
+    if engine_args.schedule != "continuous":
+        raise ValueError("profile the engine with --schedule continuous; the lab selects stages itself")
+    spec = profiled_model_spec(args.model)
+    engine = LLMEngine.from_engine_args(engine_args)
+    log = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    log(f"profiling {spec.name} ({engine.config.dtype}, max-num-seqs {engine_args.max_num_seqs}, "
+        f"max-num-batched-tokens {engine_args.max_num_batched_tokens}, {engine.executor.num_blocks} KV blocks)")
+    samples = measure_steps(engine, repeats=args.repeats, quick=args.quick, progress=log)
+    fit = fit_steps(samples)
+    log(f"step fit over {len(samples)} shapes: mean error {fit.mean_abs_rel_error:.1%}, "
+        f"max {fit.max_abs_rel_error:.1%}")
+    # The server phase builds its own engine in another process: give this one's memory back first.
+    config, num_blocks = engine.config, engine.executor.num_blocks
+    del engine
+    gc.collect()
+    overhead = measure_serving_overhead(engine_args, fit, progress=log)
+    profile = build_profile(config, num_blocks, spec, samples, fit, overhead)
+    path = save_cpu_profile(profile)
+    if args.json:
+        print(json.dumps(profile.to_json(), indent=2))
+        return 0
+    d, e = profile.device, profile.efficiency
+    print(f"saved {path}")
+    print(f"  {d.name}: effective {d.flops / 1e9:.1f} GFLOP/s (large batches), weight streaming "
+          f"{d.memory_bandwidth / 1e9:.1f} GB/s (one token)")
+    print(f"  step fit over {len(samples)} shapes: mean error {fit.mean_abs_rel_error:.1%}, "
+          f"max {fit.max_abs_rel_error:.1%}")
+    print(f"  serving overhead: {e.step_overhead_s * 1e3:.2f} ms per step + {e.request_overhead_s * 1e3:.2f} ms "
+          f"per request")
+    print(f"  now: servelab lab simulate --gpu local-cpu --model {profile.fit['model']} ...")
+    return 0

@@ -1,0 +1,190 @@
+"""Timing the real engine's steps on this machine for the `local-cpu` profile (`servelab lab profile`).
+
+Two measurements, both on the engine `servelab serve` would build with the same flags:
+1. Step grid: StepPlans of chosen shapes (decode batches x context lengths, prefill chunks x earlier
+   context, several prompts in one step, decodes mixed with a prefill chunk) run through the real
+   ModelExecutor; the best of a few runs of each. calibration.fit_steps turns them into the cost
+   model's curves and constants.
+2. Serving overhead (lab/serving_overhead.py): what `servelab serve` and a streaming client on the
+   same machine add to each step, which the cost model adds as its per-step and per-request overhead.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from servelab.core.block_manager import BlockManager
+from servelab.core.plan import ScheduledRequest, StepPlan
+from servelab.executor.cost_model import Efficiency
+from servelab.lab.calibration import StepFit, StepSample, StepShape, step_sample
+from servelab.lab.catalog import DTYPE_BYTES, LOCAL_CPU, DeviceSpec, ModelSpec
+from servelab.lab.profile import CpuProfile, model_shape
+from servelab.sampling_params import SamplingParams
+
+DECODE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+DECODE_CONTEXTS = (32, 512)
+LONG_CONTEXT, LONG_CONTEXT_BATCHES = 1536, (1, 8, 32)
+PREFILL_CHUNKS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+PREFILL_CONTEXT = 512
+MULTI_PREFILLS = ((4, 64), (16, 32), (32, 32), (8, 128))  # (prompts, tokens each) in one step
+MIXED = ((8, 128), (16, 256), (31, 512), (31, None))  # (decodes, prefill chunk; None: rest of the budget)
+MIXED_DECODE_CONTEXT = 128
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+
+
+def step_grid(s: ProfileSettings, quick: bool = False) -> list[StepShape]:
+    """The shapes to time, limited to what the engine's settings and KV pool allow."""
+    batches = [b for b in DECODE_BATCHES if b <= s.max_num_seqs]
+    chunks = [n for n in PREFILL_CHUNKS if n <= s.max_num_batched_tokens]
+    if quick:
+        batches, chunks = batches[::3], chunks[::2]
+    grid: list[StepShape] = []
+    for b in batches:
+        grid += [[(c, 1, True)] * b for c in DECODE_CONTEXTS]
+        if b in LONG_CONTEXT_BATCHES and not quick:
+            grid.append([(LONG_CONTEXT, 1, True)] * b)
+    for n in chunks:
+        grid.append([(0, n, False)])
+        if n in (16, 128):
+            grid.append([(0, n, True)])
+        if n in (64, 256):
+            grid.append([(PREFILL_CONTEXT, n, False)])
+    for count, n in MULTI_PREFILLS:
+        if count <= s.max_num_seqs and count * n <= s.max_num_batched_tokens:
+            grid.append([(0, n, True)] * count)
+    for decodes, n in MIXED:
+        n = s.max_num_batched_tokens - decodes if n is None else n
+        if decodes + 1 <= s.max_num_seqs and 0 < decodes + n <= s.max_num_batched_tokens:
+            grid.append([(MIXED_DECODE_CONTEXT, 1, True)] * decodes + [(0, n, True)])
+    return [g for g in grid if _fits(g, s)]
+
+
+def _fits(shape: StepShape, s: ProfileSettings) -> bool:
+    blocks = sum(-(-(c + n) // s.block_size) for c, n, _ in shape)
+    return blocks <= s.num_blocks and all(c + n < s.max_model_len for c, n, _ in shape)
+
+
+class StepTimer:
+    """Runs StepPlans of given shapes on a real ModelExecutor, with blocks from a scratch BlockManager
+    over its KV pool (the KV contents do not change the time a step takes)."""
+
+    def __init__(self, executor, block_size: int, vocab_size: int) -> None:
+        self.executor = executor
+        self.block_manager = BlockManager(executor.num_blocks, block_size)
+        self.params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        self.vocab_size = vocab_size
+        self._next_id = 0
+
+    def time(self, shape: StepShape) -> float:
+        """Seconds of one step of this shape."""
+        plan, ids, bm = StepPlan(), [], self.block_manager
+        for computed, n, sample in shape:
+            request_id = f"profile-{self._next_id}"
+            self._next_id += 1
+            ids.append(request_id)
+            if bm.allocate_slots(request_id, computed + n) is None:
+                raise RuntimeError("the profile grid asked for more KV blocks than the pool has")
+            tokens = [(7 + 31 * i) % self.vocab_size for i in range(computed + n)]
+            plan.scheduled.append(ScheduledRequest(request_id, tokens[computed:], computed,
+                                                   list(bm.block_tables[request_id]), sample, self.params,
+                                                   tokens[:computed + 1], []))
+        start = time.perf_counter()
+        self.executor.execute(plan)
+        seconds = time.perf_counter() - start
+        for request_id in ids:
+            bm.free(request_id)
+        self.executor.execute(StepPlan(finished_request_ids=ids))
+        return seconds
+
+
+def measure_steps(engine, repeats: int = 3, quick: bool = False,
+                  progress: Callable[[str], None] | None = None) -> list[StepSample]:
+    """Time the step grid on an LLMEngine's executor (built with the flags the user will serve with)."""
+    cfg = engine.config
+    settings = ProfileSettings(cfg.scheduler.effective_max_num_seqs, cfg.scheduler.max_num_batched_tokens,
+                               cfg.scheduler.max_model_len, engine.executor.num_blocks, cfg.cache.block_size)
+    timer = StepTimer(engine.executor, settings.block_size, cfg.model.vocab_size)
+    grid = step_grid(settings, quick)
+    timer.time(grid[0])  # warm-up: first-call allocations
+    # Round after round over the whole grid, keeping each shape's fastest: a burst of other work on
+    # the machine then spoils one run of a few shapes, not every run of the same shapes.
+    best = [float("inf")] * len(grid)
+    for round_ in range(repeats):
+        for i, shape in enumerate(grid):
+            best[i] = min(best[i], timer.time(shape))
+        if progress:
+            progress(f"round {round_ + 1}/{repeats}: {len(grid)} step shapes timed")
+    return [step_sample(shape, seconds) for shape, seconds in zip(grid, best)]
+
+
+def build_profile(cfg, num_blocks: int, model: ModelSpec, samples: list[StepSample], fit: StepFit,
+                  overhead: dict) -> CpuProfile:
+    """The CpuProfile (cfg: the profiled engine's EngineConfig, num_blocks its KV pool) of the fitted
+    steps plus the serving overhead (see lab/serving_overhead.py)."""
+    from servelab.executor.model_executor import os_total_memory
+
+    device = _device(model, fit, os_total_memory(), cfg.dtype)
+    flops_per_pair = model.num_hidden_layers * 4 * model.num_attention_heads * model.head_dim
+    kv_bytes = model.kv_bytes_per_token(cfg.dtype)
+    efficiency = Efficiency(
+        matmul=1.0, memory=1.0, interconnect=1.0, ring_step_latency_s=0.0,
+        attention=flops_per_pair / (fit.pair_cost_s * device.flops) if fit.pair_cost_s else 1.0,
+        kv_memory=kv_bytes / (fit.kv_cost_s * device.memory_bandwidth) if fit.kv_cost_s else 1.0,
+        step_overhead_s=overhead["step_overhead_s"],
+        request_overhead_s=fit.request_overhead_s + overhead["request_overhead_s"],
+        layers_curve=fit.layers, lm_head_curve=fit.lm_head)
+    return CpuProfile(
+        device=device, efficiency=efficiency,
+        kv_cache_bytes=num_blocks * cfg.cache.block_size * kv_bytes, dtype=cfg.dtype,
+        max_num_seqs=cfg.scheduler.effective_max_num_seqs, max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
+        fit={"model": model.id, "model_shape": model_shape(model), "block_size": cfg.cache.block_size,
+             "num_kv_blocks": num_blocks, "num_samples": len(samples),
+             "mean_abs_rel_error": fit.mean_abs_rel_error, "max_abs_rel_error": fit.max_abs_rel_error,
+             "serving": overhead,
+             "steps": [{"tokens": s.tokens, "sampled": s.sampled, "requests": s.requests, "pairs": s.pairs,
+                        "kv_tokens": s.kv_tokens, "seconds": s.seconds} for s in samples]},
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), host=f"{socket.gethostname()} ({_cpu_name()}, "
+        f"{os.cpu_count()} CPUs, torch threads {_torch_threads()})")
+
+
+def _device(model: ModelSpec, fit, memory_bytes: int, dtype: str) -> DeviceSpec:
+    """Effective FLOP/s from the layers curve's slope at its largest knots, effective weight-streaming
+    bandwidth from one token's step (the layers' weights read once): what the meters call capacity."""
+    xs, ys = fit.layers.xs, fit.layers.ys
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    layer_params = model.num_hidden_layers * (model.attention_params_per_layer + model.expert_params)
+    flops = 2 * layer_params / slope if slope > 0 else 1e12
+    one_token = fit.layers(1)
+    bandwidth = layer_params * DTYPE_BYTES[dtype] / one_token if one_token > 0 else 1e12
+    return DeviceSpec(id=LOCAL_CPU, name=f"this machine's CPU ({_cpu_name()})", flops=flops,
+                      memory_bandwidth=bandwidth, memory_bytes=memory_bytes, interconnect="none",
+                      interconnect_bandwidth=0.0, network_bandwidth=0.0, gpus_per_node=1,
+                      source="servelab lab profile")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

@@ -1,0 +1,71 @@
+"""What serving adds to a step on this machine, for the `local-cpu` profile.
+
+The step grid times the executor alone. Served, each step also pays for the engine's bookkeeping,
+detokenization, one SSE event per streaming request, and the client reading them; on a CPU those
+share the cores with the model's threads and slow its steps down. This starts `servelab serve` with
+the profiled flags, streams c requests at once for a few c (the load generator, as `lab validate`
+and `bench stages` run it), and compares each run's median TPOT with the fitted decode step of c
+requests. The differences, fitted as per-step + per-request seconds, become the cost model's overhead.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from servelab.engine_args import EngineArgs
+from servelab.lab.calibration import StepFit, nnls, step_sample
+
+CONCURRENCIES = (1, 4, 16, 32)
+PROMPT_LEN, OUTPUT_LEN = 32, 48
+
+
+def server_flags(args: EngineArgs) -> list[str]:
+    """`servelab serve` flags that build the same engine as args (the model is passed separately)."""
+    flags = []
+    for name in ("dtype", "schedule", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_memory",
+                 "block_size", "num_kv_blocks", "num_threads"):
+        value = getattr(args, name)
+        if value is not None:
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+    return flags + ["--request-timeout", "0", "--log-level", "warning"]
+
+
+def measure_serving_overhead(args: EngineArgs, fit: StepFit, concurrencies: tuple[int, ...] = CONCURRENCIES,
+                             progress: Callable[[str], None] | None = None,
+                             startup_timeout_s: float = 600.0) -> dict:
+    """{"step_overhead_s", "request_overhead_s", "points": [{concurrency, tpot_ms, predicted_step_ms}]}."""
+    import asyncio
+
+    from servelab.bench.datasets import build_requests, load_tokenizer
+    from servelab.bench.loadgen import ClientConfig, first_model_id
+    from servelab.bench.serve import run_benchmark
+    from servelab.bench.stages import ServelabServer
+    from servelab.lab.workload import WorkloadConfig
+
+    concurrencies = tuple(c for c in concurrencies if c <= args.max_num_seqs)
+    tokenizer = load_tokenizer(args.model)
+    points = []
+    with tempfile.TemporaryDirectory(prefix="servelab-profile-") as log_dir, \
+            ServelabServer(args.model, server_flags(args), Path(log_dir) / "serve.log", startup_timeout_s) as server:
+        client = ClientConfig(base_url=server.url, endpoint="/v1/completions",
+                              model=asyncio.run(first_model_id(server.url)), ignore_eos=True)
+        for c in concurrencies:
+            workload = WorkloadConfig(num_prompts=c, input_len=PROMPT_LEN, output_len=OUTPUT_LEN, seed=c)
+            result = run_benchmark(client, build_requests(workload, tokenizer), tokenizer, show_progress=False)
+            if result["failed"]:
+                raise RuntimeError(f"{result['failed']} profiling requests failed: {result.get('error_counts')}")
+            # the decode steps of c requests at the run's middle context length
+            middle = PROMPT_LEN + OUTPUT_LEN // 2
+            predicted = fit.predict(step_sample([(middle, 1, True)] * c, 0.0))
+            points.append({"concurrency": c, "tpot_ms": result["median_tpot_ms"], "predicted_step_ms": predicted * 1e3})
+            if progress:
+                progress(f"serving {c} streams: TPOT {result['median_tpot_ms']:.1f} ms, "
+                         f"the executor's step alone {predicted * 1e3:.1f} ms")
+    extra = np.array([max(0.0, p["tpot_ms"] - p["predicted_step_ms"]) / 1e3 for p in points])
+    rows = np.array([(1.0, p["concurrency"]) for p in points])
+    per_step, per_request = nnls(rows, extra) if len(points) >= 2 else (float(extra.mean()), 0.0)
+    return {"step_overhead_s": float(per_step), "request_overhead_s": float(per_request), "points": points,
+            "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN}

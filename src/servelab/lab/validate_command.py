@@ -1,0 +1,136 @@
+"""`servelab lab validate`: does the lab agree with the real engine on this machine?
+
+One seeded workload runs twice per stage (1 serial, 2 static batching, 3 continuous + paged): through
+`servelab serve` and the load generator (as `servelab bench stages` runs it), and in the simulator with
+the `local-cpu` profile (`servelab lab profile`). The same seed gives both the same arrivals and
+lengths. Prints each metric side by side with the simulator's relative error; exit code 1 when a
+checked metric (output tokens/s, median TTFT, median TPOT) is off by more than --tolerance.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHECKED = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
+SHOWN = CHECKED + ("p99_ttft_ms", "median_e2el_ms", "request_throughput")
+LABELS = {"output_throughput": "output tok/s", "median_ttft_ms": "TTFT p50 ms", "median_tpot_ms": "TPOT p50 ms",
+          "p99_ttft_ms": "TTFT p99 ms", "median_e2el_ms": "E2E p50 ms", "request_throughput": "req/s"}
+
+
+def add_validate_parser(sub) -> None:
+    from servelab.bench.serve import add_output_args, add_request_args, add_workload_args
+    from servelab.bench.stages import STAGES
+
+    p = sub.add_parser("validate", help="run one workload on the real engine and in the lab (local-cpu), compare")
+    p.add_argument("--model", default=None, help="model folder or .gguf (default: SmolLM2-135M-Instruct); "
+                   "the one `servelab lab profile` measured")
+    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from serial,static,continuous")
+    p.add_argument("--max-num-seqs", type=int, default=32, help="batch slots of the static and continuous stages")
+    p.add_argument("--server-args", default="", help="more `servelab serve` flags for every stage")
+    p.add_argument("--server-timeout", type=float, default=600.0, help="seconds a server may take to start")
+    p.add_argument("--tolerance", type=float, default=0.15, help="largest relative error accepted (0.15 = 15%%)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    add_workload_args(p, num_prompts=48)
+    add_request_args(p)
+    add_output_args(p)
+    p.set_defaults(func=cmd_validate, ignore_eos=True, input_len=64, output_len=64, range_ratio=0.5,
+                   request_rate=1.0)
+
+
+def simulated_metrics(profile, spec, stage: str, max_num_seqs: int, config) -> dict:
+    from servelab.lab.deployment import Deployment
+    from servelab.lab.evaluate import evaluate
+    from servelab.lab.workload import generate_workload
+
+    deployment = Deployment(model=spec, device=profile.device, num_gpus=1, schedule=stage,
+                            max_num_seqs=max_num_seqs, max_num_batched_tokens=profile.max_num_batched_tokens,
+                            block_size=profile.fit.get("block_size", 16),
+                            dtype=profile.dtype, efficiency=profile.efficiency,
+                            kv_cache_bytes=profile.kv_cache_bytes)
+    e = evaluate(deployment, generate_workload(config))
+    if not e.fits:
+        raise ValueError(f"the workload does not fit the profiled engine: {e.reason}")
+    return e.metrics
+
+
+def profile_server_args(profile, spec) -> str:
+    """Serve with the settings the profile was measured with (its KV pool included), so both sides run
+    the same engine."""
+    block_size = profile.fit.get("block_size", 16)
+    num_blocks = profile.kv_cache_bytes // (block_size * spec.kv_bytes_per_token(profile.dtype))
+    return (f"--dtype {profile.dtype} --max-num-batched-tokens {profile.max_num_batched_tokens} "
+            f"--block-size {block_size} --num-kv-blocks {num_blocks}")
+
+
+def compare(stage: str, real: dict, simulated: dict) -> dict:
+    error = {k: simulated[k] / real[k] - 1 if real.get(k) else None for k in SHOWN}
+    return {"stage": stage, "real": {k: real.get(k) for k in SHOWN}, "simulated": {k: simulated.get(k) for k in SHOWN},
+            "error": error}
+
+
+def table_rows(comparisons: list[dict]) -> list[dict]:
+    rows = []
+    for c in comparisons:
+        for key in SHOWN:
+            err = c["error"][key]
+            rows.append({"stage": c["stage"], "metric": LABELS[key] + (" *" if key in CHECKED else ""),
+                         "real": c["real"][key], "simulated": c["simulated"][key],
+                         "error": "-" if err is None else f"{err:+.1%}"})
+    return rows
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from servelab.bench.datasets import load_tokenizer
+    from servelab.bench.results import markdown_table, write_results
+    from servelab.bench.serve import requests_from_args, workload_from_args
+    from servelab.bench.stages import STAGE_LABELS, parse_stages, run_stage
+    from servelab.lab.profile import load_cpu_profile, profile_path
+    from servelab.lab.profile_command import profiled_model_spec
+
+    if not 0 < args.tolerance < 1:
+        raise ValueError(f"--tolerance must be in (0, 1), got {args.tolerance}")
+    stages = parse_stages(args.stages)
+    profile = load_cpu_profile()
+    spec = profiled_model_spec(args.model)
+    profile.check_model(spec)
+    config = workload_from_args(args)
+    simulated = {stage: simulated_metrics(profile, spec, stage, args.max_num_seqs, config) for stage in stages}
+    tokenizer = load_tokenizer(args.tokenizer or args.model)
+    requests = requests_from_args(args, tokenizer)
+    args.server_args = f"{profile_server_args(profile, spec)} {args.server_args}".strip()
+    if args.json:
+        args.disable_tqdm = True
+    comparisons = []
+    with tempfile.TemporaryDirectory(prefix="servelab-validate-") as log_dir:
+        for stage in stages:
+            # progress lines go to stderr when stdout carries the JSON
+            with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
+                real = run_stage(args, stage, requests, tokenizer, {}, Path(log_dir))
+            if real["failed"]:
+                raise ValueError(f"{real['failed']} requests failed in stage {stage}: {real.get('error_counts')}")
+            comparisons.append(compare(STAGE_LABELS[stage], real, simulated[stage]))
+    worst = max(abs(c["error"][k]) for c in comparisons for k in CHECKED if c["error"][k] is not None)
+    ok = worst <= args.tolerance
+    name = args.name or f"lab-validate-{time.strftime('%Y%m%d-%H%M%S')}"
+    flags = sys.argv[sys.argv.index("validate") + 1:] if "validate" in sys.argv else []
+    command = "servelab lab validate " + shlex.join(flags)
+    payload = {"command": command, "workload": {**config.__dict__, "request_rate": str(config.request_rate)},
+               "max_num_seqs": args.max_num_seqs, "server_args": args.server_args, "profile": str(profile_path()),
+               "profile_fit": {k: v for k, v in profile.fit.items() if k != "steps"}, "tolerance": args.tolerance,
+               "max_abs_error": worst, "within_tolerance": ok, "stages": comparisons}
+    rows = table_rows(comparisons)
+    write_results(name, payload, rows, out_dir=args.result_dir / name)
+    if args.json:
+        print(json.dumps(payload, indent=2))
+    else:
+        print(markdown_table(rows))
+        print(f"largest error of the checked (*) metrics: {worst:.1%} "
+              f"({'within' if ok else 'OVER'} the {args.tolerance:.0%} tolerance)")
+        print(f"results: {args.result_dir / name}")
+    return 0 if ok else 1

@@ -1,0 +1,74 @@
+"""`servelab lab profile` and `servelab lab validate` end to end on a tiny model: the real engine timed,
+a real server streamed to, the profile saved and used by `--gpu local-cpu`, and the comparison's
+arithmetic checked against its own figures (the figures themselves depend on this machine's speed)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ENGINE_FLAGS = ["--max-num-seqs", "4", "--max-num-batched-tokens", "128", "--num-kv-blocks", "256"]
+
+
+def servelab(*argv: str, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "servelab.cli", *argv], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def profiled(tiny_llama_dir, tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    env = {**os.environ, "SERVELAB_CACHE_DIR": str(cache)}
+    out = servelab("lab", "profile", "--model", str(tiny_llama_dir), "--quick", "--repeats", "1", *ENGINE_FLAGS,
+                   env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return env, cache / "lab" / "local-cpu.json", out
+
+
+def test_profile_saves_a_fitted_profile(profiled):
+    env, path, out = profiled
+    assert f"saved {path}" in out.stdout
+    data = json.loads(path.read_text())
+    e, fit = data["efficiency"], data["fit"]
+    assert data["max_num_seqs"] == 4 and data["max_num_batched_tokens"] == 128
+    assert data["kv_cache_bytes"] > 0 and data["dtype"] in ("bfloat16", "float32")
+    # the layers curve spans the largest step timed; both curves rise with the count
+    assert e["layers_curve"]["x"][-1] >= max(s["tokens"] for s in fit["steps"])
+    for curve in (e["layers_curve"], e["lm_head_curve"]):
+        assert curve["seconds"] == sorted(curve["seconds"]) and curve["seconds"][-1] > 0
+    assert [p["concurrency"] for p in fit["serving"]["points"]] == [1, 4]  # capped by --max-num-seqs 4
+    assert all(p["tpot_ms"] > 0 for p in fit["serving"]["points"])
+    assert fit["model_shape"][:3] == [64, 128, 2]  # tests/conftest.py TINY_DIMS: hidden, intermediate, layers
+
+
+def test_local_cpu_simulates_the_profiled_model_only(profiled, tiny_llama_dir):
+    env, _, _ = profiled
+    out = servelab("lab", "simulate", "--gpu", "local-cpu", "--model", str(tiny_llama_dir), "--num-prompts", "8",
+                   "--input-len", "16", "--output-len", "8", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    payload = json.loads(out.stdout)
+    assert payload["deployment"]["max_num_seqs"] == 4 and payload["metrics"]["completed"] == 8
+    out = servelab("lab", "simulate", "--gpu", "local-cpu", "--model", "llama-3.1-8b", "--num-prompts", "2", env=env)
+    assert out.returncode == 2 and "local-cpu profile was measured with" in out.stderr
+
+
+def test_validate_compares_real_and_simulated(profiled, tiny_llama_dir, tmp_path):
+    env, _, _ = profiled
+    out = servelab("lab", "validate", "--model", str(tiny_llama_dir), "--stages", "serial,continuous",
+                   "--max-num-seqs", "4", "--num-prompts", "6", "--input-len", "16", "--output-len", "8",
+                   "--request-rate", "inf", "--json", "--result-dir", str(tmp_path), "--name", "v", env=env)
+    assert out.returncode in (0, 1), out.stderr[-3000:]
+    payload = json.loads(out.stdout)
+    assert [s["stage"] for s in payload["stages"]] == ["1 serial", "3 continuous + paged"]
+    worst = 0.0
+    for stage in payload["stages"]:
+        real, sim, err = stage["real"], stage["simulated"], stage["error"]
+        for key in ("output_throughput", "median_ttft_ms", "median_tpot_ms"):
+            assert real[key] > 0 and sim[key] > 0
+            assert err[key] == pytest.approx(sim[key] / real[key] - 1)
+            worst = max(worst, abs(err[key]))
+    assert payload["max_abs_error"] == pytest.approx(worst)
+    assert payload["within_tolerance"] == (worst <= 0.15) and out.returncode == (0 if worst <= 0.15 else 1)
+    assert "--num-kv-blocks 256" in payload["server_args"]  # the profiled engine's pool
+    assert (tmp_path / "v" / "v.json").is_file() and (tmp_path / "v" / "v.md").is_file()

@@ -1,0 +1,87 @@
+"""Fitting the cost model to measured steps: curves, NNLS, recovery of known constants, and the cost
+model pricing with measured curves."""
+import numpy as np
+import pytest
+
+from servelab.core.plan import ScheduledRequest, StepPlan
+from servelab.executor.cost_model import CostModel, CostModelExecutor, Efficiency
+from servelab.executor.curve import PiecewiseLinear
+from servelab.lab.calibration import StepFit, fit_steps, hat_weights, knots_for, nnls, step_sample
+from servelab.lab.catalog import get_device, get_model
+from servelab.lab.profiler import ProfileSettings, step_grid
+from servelab.sampling_params import SamplingParams
+
+SETTINGS = ProfileSettings(max_num_seqs=128, max_num_batched_tokens=1024, max_model_len=8192, num_blocks=5825,
+                           block_size=16)
+
+
+def test_piecewise_linear_interpolates_and_extends():
+    c = PiecewiseLinear((1, 2, 4), (10.0, 12.0, 20.0))
+    assert c(0) == 0.0 and c(1) == 10.0 and c(1.5) == 11.0 and c(3) == 16.0
+    assert c(6) == 28.0  # last segment's slope 4 per unit
+    assert PiecewiseLinear((1, 2), (1.0, 5.0))(0.5) == 0.0  # never below 0
+    assert PiecewiseLinear.from_json(c.to_json()) == c
+    with pytest.raises(ValueError, match="increase strictly"):
+        PiecewiseLinear((1, 1), (0.0, 1.0))
+
+
+def test_hat_weights_reproduce_interpolation():
+    knots = (1, 2, 4, 8)
+    values = np.array([3.0, 4.0, 7.0, 9.0])
+    curve = PiecewiseLinear(knots, tuple(values))
+    for x in (1, 1.5, 3, 8, 12):
+        assert hat_weights(x, knots) @ values == pytest.approx(curve(x))
+    assert knots_for([3, 100]) == (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def test_nnls_matches_the_constrained_optimum():
+    a = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    assert nnls(a, np.array([1.0, 2.0, 3.0])) == pytest.approx([1.0, 2.0])
+    # the unconstrained optimum has x1 < 0: the constrained one sets it to 0 and refits x0
+    x = nnls(a, np.array([2.0, -1.0, 1.0]))
+    assert x == pytest.approx([1.5, 0.0])
+
+
+def test_grid_respects_the_engine_limits():
+    small = ProfileSettings(max_num_seqs=8, max_num_batched_tokens=128, max_model_len=600, num_blocks=40,
+                            block_size=16)
+    grid = step_grid(small)
+    assert grid
+    for shape in grid:
+        assert len(shape) <= 8 and sum(n for _, n, _ in shape) <= 128
+        assert sum(-(-(c + n) // 16) for c, n, _ in shape) <= 40
+        assert all(c + n < 600 for c, n, _ in shape)
+
+
+def test_fit_recovers_known_constants():
+    truth = StepFit(layers=PiecewiseLinear((1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+                                           (0.020, 0.030, 0.036, 0.055, 0.095, 0.17, 0.33, 0.64, 1.2, 2.3, 4.7)),
+                    lm_head=PiecewiseLinear((1, 2, 4, 8, 16, 32, 64, 128), (0.004, 0.005, 0.006, 0.008, 0.013,
+                                                                            0.022, 0.040, 0.075)),
+                    request_overhead_s=1e-4, pair_cost_s=2e-8, kv_cost_s=1e-7, mean_abs_rel_error=0,
+                    max_abs_rel_error=0)
+    samples = [step_sample(shape, 0.0) for shape in step_grid(SETTINGS)]
+    samples = [s.__class__(**{**s.__dict__, "seconds": truth.predict(s)}) for s in samples]
+    fit = fit_steps(samples)
+    assert fit.max_abs_rel_error < 1e-6
+    assert fit.pair_cost_s == pytest.approx(2e-8, rel=1e-4) and fit.kv_cost_s == pytest.approx(1e-7, rel=1e-4)
+    # shapes the grid never timed are predicted as the truth prices them
+    for shape in ([(100, 1, True)] * 20 + [(0, 300, True)], [(0, 700, False)], [(900, 1, True)] * 40):
+        sample = step_sample(shape, 0.0)
+        assert fit.predict(sample) == pytest.approx(truth.predict(sample), rel=1e-6)
+
+
+def test_cost_model_prices_with_measured_curves():
+    layers, head = PiecewiseLinear((1, 4), (0.02, 0.05)), PiecewiseLinear((1, 4), (0.004, 0.010))
+    e = Efficiency(matmul=1, attention=1, memory=1, kv_memory=1, interconnect=1, ring_step_latency_s=0,
+                   step_overhead_s=0.001, request_overhead_s=0.0001, layers_curve=layers, lm_head_curve=head)
+    model, device = get_model("smollm2-135m"), get_device("h100")
+    cm = CostModel(model, device, e)
+    assert cm.weights_time(3, 2) == pytest.approx(0.04 + 0.006)
+    assert cm.weights_time(3, 0) == pytest.approx(0.04)
+    params = SamplingParams(max_tokens=4)
+    plan = StepPlan([ScheduledRequest("a", [1, 2, 3], 0, [0], True, params)])
+    parts = CostModelExecutor(cm).execute(plan).breakdown
+    assert parts["weights"] == pytest.approx(0.04 + 0.004) and parts["overhead"] == pytest.approx(0.0011)
+    with pytest.raises(ValueError, match="tp 1"):
+        CostModel(model, device, e, tensor_parallel_size=3)
