@@ -11,7 +11,7 @@ ops = cpu_ops()
 pytestmark = pytest.mark.skipif(ops is None, reason="servelab CPU ops need AVX2+FMA and a C++ compiler")
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 960, 576), (1, 7, 32), (1, 9, 24), (3, 7, 24), (5, 100, 64), (37, 49, 13), (130, 96, 200)])
+@pytest.mark.parametrize("m,n,k", [(1, 960, 576), (1, 1003, 64), (1, 7, 32), (1, 9, 24), (3, 7, 24), (5, 100, 64), (37, 49, 13), (130, 96, 200)])
 def test_linear_bf16w_matches_fp32_matmul(m, n, k):
     torch.manual_seed(m)
     x, w, b = torch.randn(m, k), torch.randn(n, k).bfloat16(), torch.randn(n)

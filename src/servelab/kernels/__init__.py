@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
-SOURCES = ("bindings.cpp", "linear_bf16.cpp", "cpu_ops.cpp")
-HEADERS = ("ops.h", "simd.h")
+SOURCES = ("bindings.cpp", "linear_bf16.cpp", "cpu_ops.cpp", "decode_step.cpp")
+HEADERS = ("ops.h", "simd.h", "rowops.h", "gemv.h")
 
 
 def _build_name(here: Path) -> str:

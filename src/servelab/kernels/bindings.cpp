@@ -8,4 +8,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_and_cache_", &servelab::rope_and_cache_, "rotate q, k in qkv (in place); write k, v to the KV cache");
   m.def("paged_decode_attention", &servelab::paged_decode_attention, "one query token per sequence over paged KV");
   m.def("silu_and_mul", &servelab::silu_and_mul, "silu(x[:, :I]) * x[:, I:]");
+  pybind11::class_<servelab::DecodeRunner>(m, "DecodeRunner", "one sequence's decode step in one call")
+      .def(pybind11::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, double>())
+      .def("add_layer", &servelab::DecodeRunner::add_layer)
+      .def("forward", &servelab::DecodeRunner::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def("logits", &servelab::DecodeRunner::logits, pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -9,80 +9,19 @@
 #include <vector>
 
 #include "ops.h"
-#include "simd.h"
+#include "rowops.h"
 
 namespace servelab {
 namespace {
 
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const c10::BFloat16* p) { return simd::load_bf16x8(reinterpret_cast<const uint16_t*>(p)); }
-using simd::hsum;
-
-// n is a multiple of 8 (head_dim 64/128, hidden sizes): checked by the callers.
-template <typename T>
-inline float dot(const float* a, const T* b, int64_t n) {
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    acc0 = _mm256_fmadd_ps(load8(a + i), load8(b + i), acc0);
-    acc1 = _mm256_fmadd_ps(load8(a + i + 8), load8(b + i + 8), acc1);
-  }
-  for (; i < n; i += 8) acc0 = _mm256_fmadd_ps(load8(a + i), load8(b + i), acc0);
-  return hsum(_mm256_add_ps(acc0, acc1));
-}
-
-template <typename T>
-inline void axpy(float alpha, const T* x, float* y, int64_t n) {
-  __m256 a = _mm256_set1_ps(alpha);
-  for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, load8(x + i), load8(y + i)));
-}
-
-inline void norm_row(const float* r, const float* w, float* out, int64_t n, double eps) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 8) {
-    __m256 v = load8(r + i);
-    acc = _mm256_fmadd_ps(v, v, acc);
-  }
-  __m256 inv = _mm256_set1_ps(static_cast<float>(1.0 / std::sqrt(hsum(acc) / n + eps)));
-  for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(load8(r + i), inv), load8(w + i)));
-}
+using rowops::decode_attention_task;
+using rowops::load8;
+using rowops::norm_row;
+using rowops::write_cache;
 
 void check_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1, name, ": fp32 (rows, n) with unit stride");
   TORCH_CHECK(x.size(1) % 8 == 0, name, ": row length must be a multiple of 8");
-}
-
-template <typename T>
-void write_cache(T* dst, const float* src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
-}
-
-template <typename T>
-void decode_attention_task(const float* q, const T* k_cache, const T* v_cache, const int64_t* table,
-                           int64_t context, int64_t block_size, int64_t num_kv_heads, int64_t head_dim,
-                           int64_t group, int64_t kv_head, float scale, float* out, std::vector<float>& scores) {
-  scores.resize(group * context);
-  const int64_t token_stride = num_kv_heads * head_dim;
-  for (int64_t pos = 0; pos < context; ++pos) {
-    const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
-    const T* k = k_cache + slot * token_stride + kv_head * head_dim;
-    for (int64_t g = 0; g < group; ++g) scores[g * context + pos] = dot(q + g * head_dim, k, head_dim) * scale;
-  }
-  for (int64_t g = 0; g < group; ++g) {
-    float* s = scores.data() + g * context;
-    float mx = s[0];
-    for (int64_t i = 1; i < context; ++i) mx = std::max(mx, s[i]);
-    float sum = 0.f;
-    for (int64_t i = 0; i < context; ++i) sum += (s[i] = std::exp(s[i] - mx));
-    const float inv = 1.f / sum;
-    for (int64_t i = 0; i < context; ++i) s[i] *= inv;
-    std::memset(out + g * head_dim, 0, head_dim * sizeof(float));
-  }
-  for (int64_t pos = 0; pos < context; ++pos) {
-    const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
-    const T* v = v_cache + slot * token_stride + kv_head * head_dim;
-    for (int64_t g = 0; g < group; ++g) axpy(scores[g * context + pos], v, out + g * head_dim, head_dim);
-  }
 }
 
 template <typename F>
@@ -132,7 +71,7 @@ void rope_and_cache_(at::Tensor& qkv, const at::Tensor& positions, const at::Ten
                      int64_t num_heads, int64_t num_kv_heads, at::Tensor& kv_cache, const at::Tensor& slot_mapping) {
   check_rows(qkv, "rope_and_cache_");
   TORCH_CHECK(qkv.is_contiguous() && kv_cache.is_contiguous(), "rope_and_cache_: contiguous inputs");
-  const int64_t T = qkv.size(0), hd = kv_cache.size(4), half = hd / 2, row = qkv.size(1);
+  const int64_t T = qkv.size(0), hd = kv_cache.size(4), row = qkv.size(1);
   const int64_t kv_size = num_kv_heads * hd;
   const int64_t cache_half = kv_cache.numel() / 2;
   const int64_t* pos = positions.data_ptr<int64_t>();
@@ -147,14 +86,7 @@ void rope_and_cache_(at::Tensor& qkv, const at::Tensor& positions, const at::Ten
         const float* c = cos.data_ptr<float>() + pos[t] * hd;
         const float* s = sin.data_ptr<float>() + pos[t] * hd;
         float* tok = base + t * row;
-        for (int64_t h = 0; h < num_heads + num_kv_heads; ++h) {
-          float* x = tok + h * hd;
-          for (int64_t i = 0; i < half; ++i) {
-            const float x1 = x[i], x2 = x[i + half];
-            x[i] = x1 * c[i] - x2 * s[i];
-            x[i + half] = x2 * c[i + half] + x1 * s[i + half];
-          }
-        }
+        for (int64_t h = 0; h < num_heads + num_kv_heads; ++h) rowops::rope_rotate(tok + h * hd, c, s, hd);
         const float* k = tok + num_heads * hd;
         write_cache(k_cache + slots[t] * kv_size, k, kv_size);
         write_cache(v_cache + slots[t] * kv_size, k + kv_size, kv_size);

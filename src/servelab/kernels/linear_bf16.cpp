@@ -7,8 +7,10 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
-#include <cstring>
+#include <algorithm>
+#include <vector>
 
+#include "gemv.h"
 #include "ops.h"
 #include "simd.h"
 
@@ -56,40 +58,6 @@ inline void row_block(const float* x, const uint16_t* w, float* y, int64_t K, in
   for (; n < n_end; ++n) micro_tile<mb, 1>(x, w, y, K, N, m0, n);
 }
 
-// ---- single-row path (decode of one sequence): memory-bound, so it is all about streaming w.
-// A 32-byte load holds 16 bf16; in each 32-bit lane the even element is the low half, so
-// (v << 16) is the even elements as fp32 and (v & 0xFFFF0000) the odd ones: two ALU ops widen 16
-// weights, against x split once into its even and odd elements. Prefetching the next rows keeps
-// enough lines in flight for one core to pull ~8 GB/s, twice what the plain loop reaches.
-constexpr int GEMV_ROWS = 4;
-
-void gemv_row(const float* x_even, const float* x_odd, const uint16_t* w, float* y, int64_t N, int64_t K) {
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
-  at::parallel_for(0, N / GEMV_ROWS, 16, [&](int64_t t_begin, int64_t t_end) {
-    for (int64_t t = t_begin; t < t_end; ++t) {
-      const uint16_t* rows = w + t * GEMV_ROWS * K;
-      __m256 even[GEMV_ROWS], odd[GEMV_ROWS];
-      for (int j = 0; j < GEMV_ROWS; ++j) even[j] = odd[j] = _mm256_setzero_ps();
-      for (int64_t k = 0; k < K; k += 16) {
-        for (int j = 0; j < GEMV_ROWS; ++j)
-          _mm_prefetch(reinterpret_cast<const char*>(rows + (j + GEMV_ROWS) * K + k), _MM_HINT_T0);
-        const __m256 xe = _mm256_loadu_ps(x_even + k / 2), xo = _mm256_loadu_ps(x_odd + k / 2);
-        for (int j = 0; j < GEMV_ROWS; ++j) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rows + j * K + k));
-          even[j] = _mm256_fmadd_ps(xe, _mm256_castsi256_ps(_mm256_slli_epi32(v, 16)), even[j]);
-          odd[j] = _mm256_fmadd_ps(xo, _mm256_castsi256_ps(_mm256_and_si256(v, high)), odd[j]);
-        }
-      }
-      for (int j = 0; j < GEMV_ROWS; ++j) y[t * GEMV_ROWS + j] = hsum(_mm256_add_ps(even[j], odd[j]));
-    }
-  });
-  for (int64_t n = N / GEMV_ROWS * GEMV_ROWS; n < N; ++n) {  // leftover rows
-    float s = 0.f;
-    for (int64_t k = 0; k < K; ++k) s += (k % 2 ? x_odd : x_even)[(k / 16) * 8 + (k % 16) / 2] * bf16_to_float(w[n * K + k]);
-    y[n] = s;
-  }
-}
-
 }  // namespace
 
 at::Tensor linear_bf16w(const at::Tensor& x_in, const at::Tensor& w_in, const c10::optional<at::Tensor>& bias) {
@@ -103,10 +71,10 @@ at::Tensor linear_bf16w(const at::Tensor& x_in, const at::Tensor& w_in, const c1
   const float* xp = x.data_ptr<float>();
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   float* yp = y.data_ptr<float>();
-  if (M == 1 && K % 16 == 0) {
-    auto pairs = x.view({K / 16, 8, 2});
-    auto x_even = pairs.select(2, 0).contiguous(), x_odd = pairs.select(2, 1).contiguous();
-    gemv_row(x_even.data_ptr<float>(), x_odd.data_ptr<float>(), wp, yp, N, K);
+  if (M == 1 && K % 16 == 0) {  // one row: stream w (gemv.h)
+    std::vector<float> x_even(K / 2), x_odd(K / 2);
+    gemv::split_even_odd(xp, K, x_even.data(), x_odd.data());
+    at::parallel_for(0, N, 64, [&](int64_t b, int64_t e) { gemv::rows(x_even.data(), x_odd.data(), wp, K, yp, b, e); });
     if (bias.has_value()) y.add_(bias->to(at::kFloat));
     return y;
   }

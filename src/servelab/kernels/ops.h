@@ -2,6 +2,8 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <vector>
+
 namespace servelab {
 
 at::Tensor linear_bf16w(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
@@ -12,5 +14,32 @@ void rope_and_cache_(at::Tensor& qkv, const at::Tensor& positions, const at::Ten
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, int64_t num_heads);
 at::Tensor silu_and_mul(const at::Tensor& x);
+
+// A Llama-family decoder (bf16 weights, bf16 KV cache) run one token of one sequence at a time:
+// forward() is the whole decode step up to the final norm, in one parallel region, and logits()
+// the LM head (decode_step.cpp). It streams its own packed copy of the matrices (gemv.h).
+class DecodeRunner {
+ public:
+  // embed, lm_head: (vocab, hidden) bf16; final_norm: fp32; cos, sin: (max_positions, head_dim) fp32.
+  DecodeRunner(at::Tensor embed, at::Tensor lm_head, at::Tensor final_norm, at::Tensor cos, at::Tensor sin,
+               int64_t num_heads, int64_t num_kv_heads, double eps);
+  // Norms and bias fp32; matrices bf16 with q|k|v and gate|up fused, as the model stores them.
+  void add_layer(at::Tensor input_norm, at::Tensor qkv, c10::optional<at::Tensor> qkv_bias, at::Tensor o,
+                 at::Tensor post_norm, at::Tensor gate_up, at::Tensor down);
+  // Writes this token's k, v at slot of every layer's cache; returns the final-normed hidden (1, hidden).
+  at::Tensor forward(int64_t token, int64_t position, int64_t slot, const at::Tensor& block_table,
+                     const std::vector<at::Tensor>& kv_caches);
+  // hidden: (1, hidden) fp32 -> (1, vocab) fp32.
+  at::Tensor logits(const at::Tensor& hidden);
+
+ private:
+  struct Layer {
+    at::Tensor input_norm, qkv, qkv_bias, o, post_norm, gate_up, down;
+  };
+  at::Tensor embed_, lm_head_, final_norm_, cos_, sin_;
+  int64_t num_heads_, num_kv_heads_, hidden_, head_dim_;
+  double eps_;
+  std::vector<Layer> layers_;
+};
 
 }  // namespace servelab

@@ -150,11 +150,16 @@ class LlamaForCausalLM(nn.Module):
         # PyTorch reference path, which matches Hugging Face bit for bit.
         self.ops = cpu_ops() if dtype == torch.bfloat16 and self.compute_dtype == torch.float32 else None
         self._fused_norms: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._decode_runner = None  # the fused path's single-sequence decode step, set by load_weights
         self.rope = RotaryEmbedding(config, max_positions, self.compute_dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: (num_tokens,). Returns final-normed hidden states (num_tokens, hidden)."""
+        if self._decode_runner is not None and meta.num_decode_tokens == 1 and not meta.prefills:
+            # One sequence decoding (batch 1): the whole step is one C++ call, see kernels/decode_step.cpp.
+            return self._decode_runner.forward(input_ids.item(), positions.item(), meta.slot_mapping.item(),
+                                               meta.decode_block_tables, kv_caches)
         x = F.embedding(input_ids, self.embed_tokens).to(self.compute_dtype)
         if self.ops is not None:
             return self._forward_fused(x, positions, kv_caches, meta)
@@ -171,6 +176,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: final-normed states of the rows to sample (forward() applies the final norm)."""
+        if self._decode_runner is not None and hidden.shape[0] == 1:
+            return self._decode_runner.logits(hidden)
         return linear(hidden, self.lm_head)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -201,3 +208,22 @@ class LlamaForCausalLM(nn.Module):
         if self.ops is not None:
             self._fused_norms = [(lay.input_norm.float(), lay.post_attention_norm.float()) for lay in self.layers]
             self._final_norm = self.norm.float()
+            self._decode_runner = self._build_decode_runner()
+
+    def _build_decode_runner(self):
+        """The fused path's decode step of one sequence as one C++ call (kernels/decode_step.cpp), on
+        its own packed copy of the bf16 matrices; None where the shapes do not suit its GEMVs (16
+        columns at a time, rows in groups of 4)."""
+        cfg = self.config
+        columns = (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads * cfg.head_dim)
+        rows = (cfg.hidden_size, cfg.intermediate_size, self.layers[0].qkv_proj.shape[0], cfg.vocab_size)
+        if any(c % 16 for c in columns) or any(r % 4 for r in rows):
+            return None
+        runner = self.ops.DecodeRunner(self.embed_tokens, self.lm_head, self._final_norm, self.rope.cos,
+                                       self.rope.sin, cfg.num_attention_heads, cfg.num_key_value_heads,
+                                       cfg.rms_norm_eps)
+        for layer, (input_norm, post_norm) in zip(self.layers, self._fused_norms):
+            bias = None if layer.qkv_bias is None else layer.qkv_bias.float()
+            runner.add_layer(input_norm, layer.qkv_proj, bias, layer.o_proj, post_norm, layer.gate_up_proj,
+                             layer.down_proj)
+        return runner
