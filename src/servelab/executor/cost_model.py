@@ -39,6 +39,8 @@ class Efficiency:
     # linear layers against the step's token count, and of the LM head against the rows it samples.
     layers_curve: PiecewiseLinear | None = None
     lm_head_curve: PiecewiseLinear | None = None
+    # Measured serving overhead per step against the requests in it (a CPU profile), on top of the above.
+    overhead_curve: PiecewiseLinear | None = None
 
 
 # Datacenter GPUs running vLLM-class kernels. Teaching assumptions, each anchored to a public figure:
@@ -124,7 +126,9 @@ class CostModel:
         return self.num_layers * 2 * one_all_reduce
 
     def overhead_time(self, num_requests: int) -> float:
-        return self.efficiency.step_overhead_s + self.efficiency.request_overhead_s * num_requests
+        e = self.efficiency
+        fixed = e.step_overhead_s + e.request_overhead_s * num_requests
+        return fixed if e.overhead_curve is None else fixed + e.overhead_curve(num_requests)
 
     def step_time(self, num_tokens: int, num_sampled: int, num_requests: int, num_pairs: int,
                   num_kv_tokens: int) -> dict[str, float]:

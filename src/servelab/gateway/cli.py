@@ -80,6 +80,11 @@ def run_serve(args: argparse.Namespace) -> int:
     args.model = model
     config = server_config(args, model)  # flag errors before the (slow) model load
     _configure_logging(args.log_level)
+    # Idle OpenMP threads sleep instead of spinning (set before torch loads libgomp). Spinning workers
+    # of the engine thread fight the event loop for the two cores between steps: measured on this
+    # machine, one queued-up stream decoded at 23.5 ms per token with spinning and 17.5 ms without
+    # (large batches lose ~5%). The user's own setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logger.info("loading %s", model or DEFAULT_SERVED_MODEL_NAME)
     from servelab.llm_engine import LLMEngine
 

@@ -7,7 +7,8 @@ Stored as JSON at $SERVELAB_CACHE_DIR/lab/local-cpu.json (default ~/.cache/serve
    "efficiency": {"matmul": 1.0, "attention": a, "memory": 1.0, "kv_memory": k,
                   "step_overhead_s": o, "request_overhead_s": r,
                   "layers_curve": {"x": [tokens...], "seconds": [...]},
-                  "lm_head_curve": {"x": [rows...], "seconds": [...]}},
+                  "lm_head_curve": {"x": [rows...], "seconds": [...]},
+                  "overhead_curve": {"x": [requests...], "seconds": [...]}},
    "kv_cache_bytes": K, "dtype": "bfloat16", "max_num_seqs": S, "max_num_batched_tokens": T,
    "fit": {"model": "smollm2-135m", "num_samples": n, "mean_abs_rel_error": e, ...},
    "created": "ISO time", "host": "..."}
@@ -15,7 +16,7 @@ Stored as JSON at $SERVELAB_CACHE_DIR/lab/local-cpu.json (default ~/.cache/serve
 The two curves price a step's linear layers (measured, see executor/curve.py); device.flops and
 device.memory_bandwidth are the effective matmul FLOP/s and weight-streaming bytes/s read off them (for
 the meters' capacity figures), so matmul and memory efficiencies are 1.0; attention and kv_memory are
-fitted fractions of them. The overheads are the engine's own per step and per request.
+fitted fractions of them. overhead_curve is what serving adds to a step of that many requests.
 kv_cache_bytes, max_num_seqs and max_num_batched_tokens are the real engine's settings when profiled,
 so a simulation of local-cpu runs the scheduler with the pool and limits `servelab serve` uses.
 """
@@ -32,7 +33,7 @@ from servelab.lab.catalog import LOCAL_CPU, DeviceSpec, ModelSpec
 
 PROFILE_FORMAT = "servelab-lab-cpu-profile"
 PROFILE_VERSION = 2
-CURVES = ("layers_curve", "lm_head_curve")
+CURVES = ("layers_curve", "lm_head_curve", "overhead_curve")
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
           f"{d.memory_bandwidth / 1e9:.1f} GB/s (one token)")
     print(f"  step fit over {len(samples)} shapes: mean error {fit.mean_abs_rel_error:.1%}, "
           f"max {fit.max_abs_rel_error:.1%}")
-    print(f"  serving overhead: {e.step_overhead_s * 1e3:.2f} ms per step + {e.request_overhead_s * 1e3:.2f} ms "
-          f"per request")
+    curve = e.overhead_curve
+    print("  serving overhead per step: " + ", ".join(f"{y * 1e3:.1f} ms at {x:g} streams"
+                                                     for x, y in zip(curve.xs, curve.ys)))
     print(f"  now: servelab lab simulate --gpu local-cpu --model {profile.fit['model']} ...")
     return 0

@@ -142,9 +142,8 @@ def build_profile(cfg, num_blocks: int, model: ModelSpec, samples: list[StepSamp
         matmul=1.0, memory=1.0, interconnect=1.0, ring_step_latency_s=0.0,
         attention=flops_per_pair / (fit.pair_cost_s * device.flops) if fit.pair_cost_s else 1.0,
         kv_memory=kv_bytes / (fit.kv_cost_s * device.memory_bandwidth) if fit.kv_cost_s else 1.0,
-        step_overhead_s=overhead["step_overhead_s"],
-        request_overhead_s=fit.request_overhead_s + overhead["request_overhead_s"],
-        layers_curve=fit.layers, lm_head_curve=fit.lm_head)
+        step_overhead_s=0.0, request_overhead_s=fit.request_overhead_s,
+        layers_curve=fit.layers, lm_head_curve=fit.lm_head, overhead_curve=overhead["curve"])
     return CpuProfile(
         device=device, efficiency=efficiency,
         kv_cache_bytes=num_blocks * cfg.cache.block_size * kv_bytes, dtype=cfg.dtype,
@@ -152,7 +151,7 @@ def build_profile(cfg, num_blocks: int, model: ModelSpec, samples: list[StepSamp
         fit={"model": model.id, "model_shape": model_shape(model), "block_size": cfg.cache.block_size,
              "num_kv_blocks": num_blocks, "num_samples": len(samples),
              "mean_abs_rel_error": fit.mean_abs_rel_error, "max_abs_rel_error": fit.max_abs_rel_error,
-             "serving": overhead,
+             "serving": {k: v for k, v in overhead.items() if k != "curve"},
              "steps": [{"tokens": s.tokens, "sampled": s.sampled, "requests": s.requests, "pairs": s.pairs,
                         "kv_tokens": s.kv_tokens, "seconds": s.seconds} for s in samples]},
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), host=f"{socket.gethostname()} ({_cpu_name()}, "
