@@ -55,6 +55,19 @@ def test_contiguous_reservation_first_fit_and_fragmentation():
     bm.check_invariants()
 
 
+def test_first_fit_sees_blocks_taken_by_paged_allocation():
+    bm = BlockManager(num_blocks=6, block_size=4)
+    assert bm.allocate_slots("a", 8) == [0, 1]
+    assert bm.allocate_slots("b", 4) == [2]
+    bm.free("a")
+    assert bm.reserve_contiguous("c", 8) == [0, 1]  # the first run of two free blocks
+    assert bm.reserve_contiguous("d", 12) == [3, 4, 5]
+    assert bm.allocate_slots("e", 1) is None
+    bm.free("b")
+    assert bm.allocate_slots("e", 1) == [2]
+    bm.check_invariants()
+
+
 def test_invariant_checker_catches_corruption():
     bm = BlockManager(num_blocks=4, block_size=2)
     bm.allocate_slots("a", 2)

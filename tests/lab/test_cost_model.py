@@ -93,6 +93,19 @@ def test_decode_runs_priced_exactly_like_single_plans(model, device, tp):
     assert short == durations[:len(short)] and 6 <= len(short) < 40
 
 
+@pytest.mark.parametrize("model, device", [(get_model("llama-3.1-8b"), get_device("h100")), (TOY, SLOW_FLOPS)])
+def test_tabulated_decode_steps_are_the_cost_models(model, device):
+    cm = CostModel(model, device, IDEAL)
+    executor = CostModelExecutor(cm)
+    for batch_size in (1, 3, CostModelExecutor.TABULATED_BATCH_SIZE, CostModelExecutor.TABULATED_BATCH_SIZE + 1):
+        for context_len_sum in (batch_size, 7 * batch_size + 2, 900 * batch_size + 1):
+            for num_steps, within in ((1, float("inf")), (25, float("inf")), (300, float("inf")), (300, 0.05)):
+                expected = cm.decode_step_times(batch_size, context_len_sum, num_steps, within)
+                assert executor._decode_step_times(batch_size, context_len_sum, num_steps, within) == expected
+    longer = CostModelExecutor.TABULATED_STEPS + 5  # past the tables: priced directly
+    assert executor._decode_step_times(3, 3, longer, float("inf")) == cm.decode_step_times(3, 3, longer)
+
+
 def test_step_time_grows_with_batch_and_context():
     cm = CostModel(get_model("llama-3.1-8b"), get_device("h100"), Efficiency(0.7, 0.5, 0.8, 0.7, 0.75, 1e-6, 3e-4, 3e-6))
     assert cm.decode_step_time(1, 100) < cm.decode_step_time(64, 100) < cm.decode_step_time(64, 4000)

@@ -5,7 +5,7 @@ request that has a contiguous reservation) is an exception.
 """
 from __future__ import annotations
 
-from collections import deque
+from itertools import islice
 
 
 def cdiv(a: int, b: int) -> int:
@@ -18,16 +18,21 @@ class BlockManager:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        # Free list in allocation order. reserve_contiguous takes blocks out of its middle; rather
-        # than rebuild the deque (O(num_blocks) per reservation) it counts them in _num_stale and
+        # Free list in allocation order: _free_block_ids[_free_head:] (allocation advances the head, so
+        # taking n blocks is one slice). reserve_contiguous takes blocks out of its middle; rather
+        # than rebuild the list (O(num_blocks) per reservation) it counts them in _num_stale and
         # allocation skips them when they reach the front. Only the last occurrence of a block can
         # be live, so a block's first _num_stale[b] occurrences are the stale ones.
-        self._free_block_ids: deque[int] = deque(range(num_blocks))
+        self._free_block_ids: list[int] = list(range(num_blocks))
+        self._free_head = 0
         self._num_stale: dict[int, int] = {}
         self._num_free = num_blocks
-        self._ref_counts = [0] * num_blocks
-        # 1 where a block is owned: first-fit search for a free run is a bytes.find.
-        self._in_use = bytearray(num_blocks)
+        # References to each owned block (a free block has no entry), so freeing a table and taking
+        # blocks off the free list are dict operations in C rather than Python loops.
+        self._ref_counts: dict[int, int] = {}
+        # 1 where a block is owned: first-fit search for a free run is a bytes.find. Kept only once a
+        # contiguous reservation has needed it; paged allocation never does.
+        self._in_use: bytearray | None = None
         self.block_tables: dict[str, list[int]] = {}
         # Tokens actually written per request, to measure reserved-but-unused slots.
         self._num_tokens: dict[str, int] = {}
@@ -93,11 +98,12 @@ class BlockManager:
         return new_ids
 
     def _pop_free(self, count: int) -> list[int]:
-        free, stale, refs, in_use = self._free_block_ids, self._num_stale, self._ref_counts, self._in_use
+        free, head, stale = self._free_block_ids, self._free_head, self._num_stale
         if stale:
             ids = []
             while len(ids) < count:
-                block_id = free.popleft()
+                block_id = free[head]
+                head += 1
                 left = stale.get(block_id)
                 if left:
                     if left == 1:
@@ -107,10 +113,17 @@ class BlockManager:
                     continue
                 ids.append(block_id)
         else:
-            ids = [free.popleft() for _ in range(count)]
-        for block_id in ids:
-            refs[block_id] += 1
-            in_use[block_id] = 1
+            ids = free[head:head + count]
+            head += count
+        if head >= self.num_blocks:  # drop the used prefix, about once per pool's worth of allocations
+            del free[:head]
+            head = 0
+        self._free_head = head
+        self._ref_counts.update(dict.fromkeys(ids, 1))  # free blocks have no references
+        in_use = self._in_use
+        if in_use is not None:
+            for block_id in ids:
+                in_use[block_id] = 1
         self._num_free -= count
         return ids
 
@@ -140,8 +153,8 @@ class BlockManager:
         ids = list(range(start, start + need))
         stale = self._num_stale
         for block_id in ids:
-            self._ref_counts[block_id] += 1
             stale[block_id] = stale.get(block_id, 0) + 1
+        self._ref_counts.update(dict.fromkeys(ids, 1))  # free blocks have no references
         self._in_use[start:start + need] = b"\x01" * need
         self._num_free -= need
         self.block_tables[request_id] = ids
@@ -149,14 +162,19 @@ class BlockManager:
         self._num_tokens_total -= self._num_tokens.get(request_id, 0)
         self._num_tokens[request_id] = 0
         self._contiguous.add(request_id)
-        if len(self._free_block_ids) > 2 * self.num_blocks:
-            self._free_block_ids = deque(self._live_free_ids())
+        if len(self._free_block_ids) - self._free_head > 2 * self.num_blocks:
+            self._free_block_ids = self._live_free_ids()
+            self._free_head = 0
             stale.clear()
         return ids
 
     def _find_free_run(self, length: int) -> int | None:
         if length < 1:
             return None
+        if self._in_use is None:
+            self._in_use = bytearray(self.num_blocks)
+            for block_id in self._ref_counts:
+                self._in_use[block_id] = 1
         start = self._in_use.find(bytes(length))
         return None if start < 0 else start
 
@@ -182,15 +200,23 @@ class BlockManager:
         self._num_tokens_total -= self._num_tokens.pop(request_id, 0)
         self._num_table_blocks -= len(table)
         self._contiguous.discard(request_id)
-        refs, in_use, released = self._ref_counts, self._in_use, []
-        for block_id in table:
-            count = refs[block_id] - 1
-            refs[block_id] = count
-            if count == 0:
-                released.append(block_id)
-                in_use[block_id] = 0
-            elif count < 0:
-                raise RuntimeError(f"block {block_id} freed twice")
+        refs = self._ref_counts
+        try:
+            counts = list(map(refs.pop, table))
+        except KeyError as unowned:
+            raise RuntimeError(f"block {unowned.args[0]} freed twice") from None
+        if counts.count(1) == len(counts):  # no other holder: every block goes back
+            released = table
+        else:
+            released = []
+            for block_id, count in zip(table, counts):
+                if count > 1:
+                    refs[block_id] = count - 1
+                else:
+                    released.append(block_id)
+        if self._in_use is not None:
+            for block_id in released:
+                self._in_use[block_id] = 0
         self._free_block_ids.extend(released)
         self._num_free += len(released)
 
@@ -198,7 +224,7 @@ class BlockManager:
         """The free list in allocation order, stale entries skipped."""
         skip = dict(self._num_stale)
         live = []
-        for block_id in self._free_block_ids:
+        for block_id in islice(self._free_block_ids, self._free_head, None):
             if skip.get(block_id):
                 skip[block_id] -= 1
             else:
@@ -223,8 +249,9 @@ class BlockManager:
             raise AssertionError(f"free count {self._num_free} but {len(free)} blocks on the free list")
         for block_id in range(self.num_blocks):
             expected = 1 if block_id in owned else 0
-            if self._ref_counts[block_id] != expected or self._in_use[block_id] != expected:
-                raise AssertionError(f"block {block_id} has ref count {self._ref_counts[block_id]}")
+            refs = self._ref_counts.get(block_id, 0)
+            if refs != expected or (self._in_use is not None and self._in_use[block_id] != expected):
+                raise AssertionError(f"block {block_id} has ref count {refs}")
         if self._num_table_blocks != len(owned) or self._num_tokens_total != sum(self._num_tokens.values()):
             raise AssertionError("block or token counters out of step with the block tables")
 

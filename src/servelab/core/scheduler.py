@@ -12,7 +12,7 @@ from typing import Iterable
 
 from servelab.config import SchedulerConfig
 from servelab.core.block_manager import BlockManager
-from servelab.core.multi_step import MultiStepDecodeMixin
+from servelab.core.multi_step import DecodeBatch, MultiStepDecodeMixin
 from servelab.core.plan import ScheduledRequest, StepPlan, StepResult
 from servelab.core.request import Request, RequestStatus
 
@@ -28,6 +28,9 @@ class Scheduler(MultiStepDecodeMixin):
         self._finished_ids: list[str] = []
         self.num_preemptions_total = 0
         self.max_num_seqs = config.effective_max_num_seqs
+        self.contiguous = config.contiguous
+        # running requests taking multi-step decode runs (core/multi_step.py); None after a full schedule()
+        self._decode_batch: DecodeBatch | None = None
 
     # ---- intake
     def check_fits(self, request: Request) -> None:
@@ -60,8 +63,12 @@ class Scheduler(MultiStepDecodeMixin):
 
     def finish_request(self, request: Request, status: RequestStatus) -> None:
         """Retire a request for any reason; its blocks go back to the pool at once."""
-        if request in self.running:
-            self.running.remove(request)
+        index = self._running_index(request)
+        if index is not None:
+            batch = self._decode_batch
+            if batch is not None and index < len(batch):
+                batch.leave(index, request)  # before free(), which drops the request's KV token count
+            del self.running[index]
         elif request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             self.waiting.remove(request)
         request.status = status
@@ -70,6 +77,12 @@ class Scheduler(MultiStepDecodeMixin):
         if request.request_id in self._known_to_executor:
             self._known_to_executor.discard(request.request_id)
             self._finished_ids.append(request.request_id)
+
+    def _running_index(self, request: Request) -> int | None:
+        try:
+            return self.running.index(request)
+        except ValueError:
+            return None
 
     # ---- state
     @property
@@ -83,23 +96,32 @@ class Scheduler(MultiStepDecodeMixin):
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def num_reserved_unused_slots(self) -> int:
+        """KV slots held but holding no computed token: the block manager's count, less the slots that
+        decode-run steps filled but have not yet written to it (see DecodeBatch)."""
+        unused = self.block_manager.num_reserved_unused_slots()
+        return unused if self._decode_batch is None else unused - self._decode_batch.num_unsettled_tokens
+
     # ---- the step
     def schedule(self, now: float) -> StepPlan:
+        if self._decode_batch is not None:
+            self._settle_decode_batch()
+            self._decode_batch = None
         plan = StepPlan(finished_request_ids=self._finished_ids)
         self._finished_ids = []
         budget = self.config.max_num_batched_tokens
 
-        if self.config.contiguous:
+        if self.contiguous:
             if not self.running:
                 self._admit_static_batch(now)
         budget = self._schedule_running(plan, budget, now)
-        if not self.config.contiguous and not plan.preempted_request_ids:
+        if not self.contiguous and not plan.preempted_request_ids:
             self._admit_continuous(plan, budget, now)
         return plan
 
     def _schedule_running(self, plan: StepPlan, budget: int, now: float) -> int:
         running = self.running
-        allocate = None if self.config.contiguous else self.block_manager.allocate_slots  # reserved at admission
+        allocate = None if self.contiguous else self.block_manager.allocate_slots  # reserved at admission
         index = 0
         while index < len(running) and budget > 0:
             request = running[index]
@@ -188,7 +210,7 @@ class Scheduler(MultiStepDecodeMixin):
         updated = []
         requests = self.requests
         sampled_tokens = result.sampled
-        record_tokens = self.block_manager.record_tokens if self.config.contiguous else None
+        record_tokens = self.block_manager.record_tokens if self.contiguous else None
         for scheduled in plan.scheduled:
             request = requests.get(scheduled.request_id)
             if request is None:  # aborted while the step ran

@@ -158,8 +158,8 @@ class CostModel:
         last = stop - batch_size
         # Both sides of attention's max() are linear in the context, so when reading KV wins clearly at
         # both ends it wins at every step, and max() returns that side exactly.
-        memory_bound = all(kv * (x + batch_size) / kv_bandwidth > 1.01 * (score * x / attention_flops)
-                           for x in (context_len_sum, last))
+        memory_bound = (kv * (context_len_sum + batch_size) / kv_bandwidth > 1.01 * (score * context_len_sum / attention_flops)
+                        and kv * (last + batch_size) / kv_bandwidth > 1.01 * (score * last / attention_flops))
         # attention_time() and step_time()'s sum, inlined: the same operations in the same order, so
         # each duration is bit-identical to pricing that step's StepPlan
         if num_steps <= 20:  # numpy's per-call cost exceeds the work for short runs
@@ -168,18 +168,18 @@ class CostModel:
                         for c in range(context_len_sum, stop, batch_size)]
             return [weights + layers * max(score * c / attention_flops, kv * (c + batch_size) / kv_bandwidth)
                     + communication + overhead for c in range(context_len_sum, stop, batch_size)]
-        contexts = np.arange(context_len_sum, stop, batch_size, dtype=np.int64)
-        flops_time = None if memory_bound else score * contexts / attention_flops
-        contexts += batch_size
-        contexts *= kv  # exact integers, as in Python
-        attention = contexts / kv_bandwidth
-        if flops_time is not None:
-            np.maximum(flops_time, attention, out=attention)
+        if memory_bound:  # kv * (c + batch_size) for each step's c: exact integers, as in Python
+            attention = np.arange(kv * (context_len_sum + batch_size), kv * (stop + batch_size), kv * batch_size,
+                                  dtype=np.int64) / kv_bandwidth
+        else:
+            contexts = np.arange(context_len_sum, stop, batch_size, dtype=np.int64)
+            attention = np.maximum(score * contexts / attention_flops, kv * (contexts + batch_size) / kv_bandwidth)
         attention *= layers
-        totals = weights + attention
-        totals += communication
-        totals += overhead
-        return totals.tolist()
+        attention += weights  # weights + attention (addition commutes exactly)
+        if communication:  # adding 0.0 changes nothing
+            attention += communication
+        attention += overhead
+        return attention.tolist()
 
     def _decode_fixed(self, batch_size: int) -> tuple[float, float, float]:
         fixed = self._decode_fixed_cache.get(batch_size)
@@ -203,9 +203,18 @@ class CostModel:
 class CostModelExecutor:
     """The lab's executor: same StepPlan in, StepResult out, duration from the cost model."""
 
+    # Small batches decode long runs, and their runs recur at the same context sums, so their step
+    # durations are tabulated (a run's are then a list slice): batch sizes up to this, per table ...
+    TABULATED_BATCH_SIZE = 16
+    # ... and steps up to this, which bounds the tables to a few MiB.
+    TABULATED_STEPS = 8192
+
     def __init__(self, cost_model: CostModel) -> None:
         self.cost_model = cost_model
         self._token = SampledToken(DUMMY_TOKEN_ID)
+        # (batch size, residue) -> the decode steps' durations when the contexts sum to residue,
+        # residue + batch size, residue + 2 * batch size, ...
+        self._decode_tables: dict[tuple[int, int], list[float]] = {}
 
     def execute(self, plan: StepPlan) -> StepResult:
         num_tokens, num_sampled, num_pairs, num_kv_tokens, sampled = self._plan_totals(plan)
@@ -234,31 +243,46 @@ class CostModelExecutor:
         size) segments: the batch shrinks as requests finish."""
         cm = self.cost_model
         batch_size, context_sum, num_steps = len(run.batch), run.context_len_sum, run.num_steps
-        soonest = min(run.remaining)
+        soonest = run.soonest
         if soonest < num_steps and within < float("inf"):
             # no decode step is shorter than one of a single request with no context
             num_steps = min(num_steps, int(within / sum(cm._decode_fixed(1))) + 1)
         if soonest >= num_steps:  # nobody leaves before the last step
-            return cm.decode_step_times(batch_size, context_sum, num_steps, within), [(num_steps, batch_size)]
-        # (last step, context in step 1) per request, by last step: the batch shrinks at each last step
-        lasts = sorted((min(num_steps, left), done + 1) for left, done in zip(run.remaining, run.computed))
+            return self._decode_step_times(batch_size, context_sum, num_steps, within), [(num_steps, batch_size)]
+        # (last step, context in step 1) of those leaving early, by last step: the batch shrinks after each
+        departures = run.departures(num_steps)
         durations, segments = [], []
         step, i, elapsed = 1, 0, 0.0
         while step <= num_steps and batch_size:
-            segment_end = lasts[i][0]  # the next request to finish takes part up to this step
-            times = cm.decode_step_times(batch_size, context_sum + (step - 1) * batch_size,
-                                         segment_end - step + 1, within - elapsed)
+            segment_end = departures[i][0] if i < len(departures) else num_steps  # the next to leave takes part up to this step
+            times = self._decode_step_times(batch_size, context_sum + (step - 1) * batch_size,
+                                            segment_end - step + 1, within - elapsed)
             durations += times
             segments.append((len(times), batch_size))
             if len(times) < segment_end - step + 1:
                 break  # the rest cannot start within `within`
             elapsed += sum(times)
             step = segment_end + 1
-            while i < len(lasts) and lasts[i][0] < step:
-                context_sum -= lasts[i][1]
+            while i < len(departures) and departures[i][0] < step:
+                context_sum -= departures[i][1]
                 batch_size -= 1
                 i += 1
         return durations, segments
+
+    def _decode_step_times(self, batch_size: int, context_len_sum: int, num_steps: int, within: float) -> list[float]:
+        """CostModel.decode_step_times, from the tables where they apply (the same floats)."""
+        start, residue = divmod(context_len_sum, batch_size)
+        stop = start + num_steps
+        if batch_size > self.TABULATED_BATCH_SIZE or stop > self.TABULATED_STEPS:
+            return self.cost_model.decode_step_times(batch_size, context_len_sum, num_steps, within)
+        table = self._decode_tables.setdefault((batch_size, residue), [])
+        if len(table) < stop:
+            size = min(max(stop, 2 * len(table)), self.TABULATED_STEPS)
+            table += self.cost_model.decode_step_times(batch_size, residue + len(table) * batch_size, size - len(table))
+        first = table[start]
+        if within < first * num_steps:  # as decode_step_times: steps only grow longer
+            num_steps = max(1, min(num_steps, int(within / first) + 1))
+        return table[start:start + num_steps]
 
     def execute_with_decode_run(self, run: DecodeRun, plan: StepPlan) -> StepResult:
         """One step of a one-step decode run plus the requests its plan admits, priced as execute()
@@ -272,7 +296,3 @@ class CostModelExecutor:
 
     def sample(self, plan: StepPlan) -> dict[str, SampledToken]:
         return {s.request_id: self._token for s in plan.scheduled if s.sample}
-
-    def sample_decode_run(self, run: DecodeRun, num_steps: int) -> dict[str, list[int]]:
-        tokens = [DUMMY_TOKEN_ID] * num_steps
-        return {r.request_id: tokens for r in run.batch}

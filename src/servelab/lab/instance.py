@@ -12,7 +12,7 @@ from servelab.core.engine import EngineCore
 from servelab.core.multi_step import DecodeRun
 from servelab.core.request import Request
 from servelab.core.scheduler import Scheduler
-from servelab.executor.cost_model import CostModel, CostModelExecutor
+from servelab.executor.cost_model import DUMMY_TOKEN_ID, CostModel, CostModelExecutor
 
 # Longest multi-step decode run priced at once; runs end earlier at arrivals, finishes and block shortage.
 MAX_DECODE_STEPS = 4096
@@ -57,13 +57,13 @@ class Instance:
         """Run the next step, or multi-step decode run whose later steps all start before horizon (the
         earliest time anything from outside can reach this instance). Returns its end time, or None
         when the scheduler had nothing to run."""
-        self.clock.advance_to(now)
         if self.multi_step:
             run = self.scheduler.plan_decode_run(MAX_DECODE_STEPS)
             if run is not None:
                 return self._decode_run(now, run, horizon)
         # EngineCore.step's four calls; its per-request EngineCoreOutputs and StepStats are left out:
         # the lab reads request timestamps and its own records, and builds no output objects.
+        self.clock.advance_to(now)
         scheduler = self.scheduler
         plan = scheduler.schedule(now)
         if plan.is_empty and not plan.finished_request_ids:
@@ -76,15 +76,15 @@ class Instance:
         breakdown = self.breakdown
         for key, value in result.breakdown.items():
             breakdown[key] += value
-        bm = self.block_manager
-        self._record(now, result.duration, len(scheduler.running), len(scheduler.waiting), bm.usage,
-                     bm.num_reserved_unused_slots())
+        self._record(now, result.duration, len(scheduler.running), len(scheduler.waiting), self.block_manager.usage,
+                     scheduler.num_reserved_unused_slots())
         self.pending_finished = [r for r in updated if r.times.finished is not None]
         return end
 
     def _decode_run(self, now: float, run: DecodeRun, horizon: float) -> float:
         scheduler, bm, executor = self.scheduler, self.block_manager, self.executor
         num_steps = run.num_steps
+        durations = None
         if num_steps > 1:
             durations, segments = executor.price_decode_run(run, horizon - now)
             # sequential sums, so each end equals what single steps' clock.advance() calls would give
@@ -100,13 +100,13 @@ class Instance:
             if plan.scheduled:
                 result = executor.execute_with_decode_run(run, plan)
                 ends = [now + result.duration]
-            else:
+            elif durations is None:  # planned as one step (a longer run cut to one has its `ends` already)
                 durations, segments = executor.price_decode_run(run)
                 ends = [now + durations[0]]
-        updated = scheduler.update_from_decode_run(run, executor.sample_decode_run(run, num_steps), ends)
+        finished = scheduler.advance_decode_run(run, DUMMY_TOKEN_ID, ends)
         end = ends[-1]
         if result is not None:
-            updated += scheduler.update_from_output(plan, result, end)
+            finished += [r for r in scheduler.update_from_output(plan, result, end) if r.times.finished is not None]
             for key, value in result.breakdown.items():
                 self.breakdown[key] += value
         else:
@@ -121,8 +121,8 @@ class Instance:
         self.num_steps += num_steps
         # KV use: the mean of before and after the run's allocations (it grows about linearly)
         self._record(now, end - now, len(run.batch) + len(plan.scheduled), len(scheduler.waiting),
-                     1 - (free_before + free_after) / (2 * bm.num_blocks), bm.num_reserved_unused_slots())
-        self.pending_finished = [r for r in updated if r.times.finished is not None]
+                     1 - (free_before + free_after) / (2 * bm.num_blocks), scheduler.num_reserved_unused_slots())
+        self.pending_finished = finished
         return end
 
     def breakdown_totals(self) -> dict[str, float]:

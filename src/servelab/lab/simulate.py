@@ -7,9 +7,11 @@ engine's loop does. Steps are computed when they start and their finishes take e
 """
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from servelab.core.request import Request, RequestStatus
@@ -55,7 +57,25 @@ def simulate(deployment: Deployment, workload: list[SampledRequest], multi_step:
     if max_tokens > deployment.model.max_position_embeddings:
         raise ValueError(f"a request of {max_tokens} tokens exceeds {deployment.model.name}'s context of "
                          f"{deployment.model.max_position_embeddings}")
-    return _Simulation(deployment, workload, memory, multi_step).run()
+    with _without_cyclic_gc():
+        return _Simulation(deployment, workload, memory, multi_step).run()
+
+
+@contextmanager
+def _without_cyclic_gc():
+    """Pause Python's cyclic garbage collector. A simulation allocates millions of small objects and no
+    reference cycles, so the collector's passes over them find nothing and cost a tenth of the run.
+    Afterwards the objects go straight to the oldest generation (freeze, then unfreeze) rather than
+    all being scanned by the first young collection once it is enabled again."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
 
 
 class _Simulation:
@@ -136,8 +156,10 @@ class _Simulation:
             if instance.has_unfinished_requests():
                 raise RuntimeError(f"instance {instance.index} has requests it can never schedule")
             return
-        self._retire(instance, [r for r in instance.pending_finished if r.times.finished < end])
-        instance.pending_finished = [r for r in instance.pending_finished if r.times.finished >= end]
+        pending = instance.pending_finished
+        if pending:
+            self._retire(instance, [r for r in pending if r.times.finished < end])
+            instance.pending_finished = [r for r in pending if r.times.finished >= end]
         instance.next_step_time = end
         heapq.heappush(self.heap, (end, _STEP, next(self.seq), instance))
 
