@@ -1,5 +1,7 @@
 """Fitting the cost model to measured steps: curves, NNLS, recovery of known constants, and the cost
 model pricing with measured curves."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -61,7 +63,7 @@ def test_fit_recovers_known_constants():
                     request_overhead_s=1e-4, pair_cost_s=2e-8, kv_cost_s=1e-7, mean_abs_rel_error=0,
                     max_abs_rel_error=0)
     samples = [step_sample(shape, 0.0) for shape in step_grid(SETTINGS)]
-    samples = [s.__class__(**{**s.__dict__, "seconds": truth.predict(s)}) for s in samples]
+    samples = [replace(s, seconds=truth.predict(s)) for s in samples]
     fit = fit_steps(samples)
     assert fit.max_abs_rel_error < 1e-6
     assert fit.pair_cost_s == pytest.approx(2e-8, rel=1e-4) and fit.kv_cost_s == pytest.approx(1e-7, rel=1e-4)

@@ -294,5 +294,3 @@ class CostModelExecutor:
                                           context_sum + batch_size + num_kv_tokens)
         return StepResult(sampled=sampled, duration=parts.pop("total"), breakdown=parts)
 
-    def sample(self, plan: StepPlan) -> dict[str, SampledToken]:
-        return {s.request_id: self._token for s in plan.scheduled if s.sample}

@@ -15,7 +15,7 @@ solve a non-negative least-squares problem on relative error, repeat until the a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -147,5 +147,4 @@ def fit_steps(samples: list[StepSample]) -> StepFit:
         request_overhead_s=float(solution[0]), pair_cost_s=float(solution[-2]), kv_cost_s=float(solution[-1]),
         mean_abs_rel_error=0.0, max_abs_rel_error=0.0)
     errors = [abs(fit.predict(s) / s.seconds - 1) for s in samples]
-    return StepFit(**{**fit.__dict__, "mean_abs_rel_error": float(np.mean(errors)),
-                      "max_abs_rel_error": float(np.max(errors))})
+    return replace(fit, mean_abs_rel_error=float(np.mean(errors)), max_abs_rel_error=float(np.max(errors)))
