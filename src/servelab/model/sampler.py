@@ -101,6 +101,19 @@ def truncation_mask(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tenso
     return probs >= probs_sort.gather(1, first_kept)
 
 
+def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Draws one token per row from unnormalised probs (num_rows, vocab) by inverting the CDF with
+    one uniform (num_rows, 1) each: a cumsum and a binary search, instead of a random number per
+    vocabulary entry (the serial RNG was ~8 ms per step for 32 rows x 49k tokens)."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:].contiguous()
+    # The first token whose cumulative mass passes u * total; its own mass is > 0 because the cdf
+    # rises there. When rounding puts u * total at the total, take the last token with mass.
+    token = torch.searchsorted(cdf, uniform * total, right=True)
+    last = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(token, last).squeeze(1)
+
+
 class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         """logits (num_rows, vocab) in the model dtype; one SampledToken per row, in order."""
@@ -145,16 +158,20 @@ class Sampler:
             min_p = torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device)
             probs = probs * (probs >= min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True))
 
-        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p (unnormalised is fine) and
-        # lets each seeded row take its noise from its own generator. E = -log(U) because it is
-        # ~4x cheaper on CPU than exponential_.
-        uniform = torch.rand_like(probs)
-        for j, p in enumerate(params):
-            if p.seed is not None:
+        return _inverse_cdf(probs, self._uniforms(rows, random_rows, device))
+
+    @staticmethod
+    def _uniforms(rows: list[SamplingRow], random_rows: list[int], device: torch.device) -> torch.Tensor:
+        """One U[0,1) per row: from the global generator, or for a seeded row from a generator
+        seeded by (seed, output length), so its draw ignores the rest of the batch."""
+        uniform = torch.rand(len(random_rows), 1, device=device)
+        for j, i in enumerate(random_rows):
+            seed = rows[i].params.seed
+            if seed is not None:
                 generator = torch.Generator(device=device)
-                generator.manual_seed(_row_seed(p.seed, len(rows[random_rows[j]].output_token_ids)))
-                uniform[j] = torch.rand(vocab_size, generator=generator, device=device)
-        return _argmax(probs / uniform.log_().neg_())
+                generator.manual_seed(_row_seed(seed, len(rows[i].output_token_ids)))
+                uniform[j] = torch.rand(1, generator=generator, device=device)
+        return uniform
 
     def _with_logprobs(
         self, logits: torch.Tensor, token_ids: torch.Tensor, params: list[SamplingParams], logprob_rows: list[int]
