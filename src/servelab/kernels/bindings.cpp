@@ -2,12 +2,18 @@
 #include "ops.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear_bf16w", &servelab::linear_bf16w, "x @ w.T with bf16 w, fp32 x and y");
-  m.def("rms_norm", &servelab::rms_norm, "RMSNorm of fp32 rows with fp32 weight");
-  m.def("add_rms_norm_", &servelab::add_rms_norm_, "residual += x; x = rms_norm(residual) (in place)");
-  m.def("rope_and_cache_", &servelab::rope_and_cache_, "rotate q, k in qkv (in place); write k, v to the KV cache");
-  m.def("paged_decode_attention", &servelab::paged_decode_attention, "one query token per sequence over paged KV");
-  m.def("silu_and_mul", &servelab::silu_and_mul, "silu(x[:, :I]) * x[:, I:]");
+  m.def("linear_bf16w", &servelab::linear_bf16w, "x @ w.T with bf16 w, fp32 x and y",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("rms_norm", &servelab::rms_norm, "RMSNorm of fp32 rows with fp32 weight",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("add_rms_norm_", &servelab::add_rms_norm_, "residual += x; x = rms_norm(residual) (in place)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("rope_and_cache_", &servelab::rope_and_cache_, "rotate q, k in qkv (in place); write k, v to the KV cache",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("paged_decode_attention", &servelab::paged_decode_attention, "one query token per sequence over paged KV",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("silu_and_mul", &servelab::silu_and_mul, "silu(x[:, :I]) * x[:, I:]",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<servelab::DecodeRunner>(m, "DecodeRunner", "one sequence's decode step in one call")
       .def(pybind11::init<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, double>())
       .def("add_layer", &servelab::DecodeRunner::add_layer)
