@@ -39,6 +39,10 @@ def test_profile_saves_a_fitted_profile(profiled):
         assert curve["seconds"] == sorted(curve["seconds"]) and curve["seconds"][-1] > 0
     assert [p["concurrency"] for p in fit["serving"]["points"]] == [1, 4]  # capped by --max-num-seqs 4
     assert all(p["tpot_ms"] > 0 for p in fit["serving"]["points"])
+    # lone requests' TTFT, less their predicted prefill step, is the arrival overhead
+    arrival = fit["serving"]["arrival"]
+    assert arrival["ttft_ms"] > 0 and arrival["predicted_prefill_ms"] > 0
+    assert e["arrival_overhead_s"] == pytest.approx(max(0.0, (arrival["ttft_ms"] - arrival["predicted_prefill_ms"]) / 1e3))
     assert fit["model_shape"][:3] == [64, 128, 2]  # tests/conftest.py TINY_DIMS: hidden, intermediate, layers
 
 

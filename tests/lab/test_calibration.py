@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from servelab.core.plan import ScheduledRequest, StepPlan
-from servelab.executor.cost_model import CostModel, CostModelExecutor, Efficiency
+from servelab.executor.cost_model import GPU_EFFICIENCY, CostModel, CostModelExecutor, Efficiency
 from servelab.executor.curve import PiecewiseLinear
 from servelab.lab.calibration import StepFit, fit_steps, hat_weights, knots_for, nnls, step_sample
 from servelab.lab.catalog import get_device, get_model
@@ -87,3 +87,23 @@ def test_cost_model_prices_with_measured_curves():
     assert parts["weights"] == pytest.approx(0.04 + 0.004) and parts["overhead"] == pytest.approx(0.0011)
     with pytest.raises(ValueError, match="tp 1"):
         CostModel(model, device, e, tensor_parallel_size=3)
+
+
+def test_the_step_that_starts_a_request_pays_its_arrival():
+    e = replace(GPU_EFFICIENCY, arrival_overhead_s=0.025)
+    cm = CostModel(get_model("smollm2-135m"), get_device("h100"), e)
+    params = SamplingParams(max_tokens=4)
+    new = ScheduledRequest("a", [1, 2, 3], 0, [0], True, params, prompt_token_ids=[1, 2, 3], output_token_ids=[])
+    later_chunk = ScheduledRequest("b", [4, 5], 3, [1], True, params)
+    decode = ScheduledRequest("c", [7], 9, [2], True, params)
+    executor = CostModelExecutor(cm)
+    with_arrival = executor.execute(StepPlan([new, decode])).breakdown["overhead"]
+    without = executor.execute(StepPlan([replace(new, prompt_token_ids=None, output_token_ids=None), decode]))
+    assert with_arrival - without.breakdown["overhead"] == pytest.approx(0.025)
+    # a request continuing its prefill, or decoding, arrived long ago
+    assert executor.execute(StepPlan([later_chunk, decode])).breakdown["overhead"] == pytest.approx(
+        without.breakdown["overhead"])
+    # a request the executor learns of part-way through (num_computed_tokens > 0) is not a new arrival
+    resumed = ScheduledRequest("d", [8], 5, [3], True, params, prompt_token_ids=[1, 2, 3], output_token_ids=[4, 5])
+    assert executor.execute(StepPlan([resumed, decode])).breakdown["overhead"] == pytest.approx(
+        without.breakdown["overhead"])

@@ -7,7 +7,8 @@ Per step, on each of the tp GPUs of an instance (they work in parallel):
                  KV bytes read and written / effective bandwidth) -- prefill is compute-bound,
                  decode memory-bound, one fused kernel for both as in vLLM's varlen attention
   communication: two all-reduces of the step's hidden states per layer, ring model
-  overhead:      a fixed cost per step plus one per scheduled request (CPU side)
+  overhead:      a fixed cost per step plus one per scheduled request (CPU side), plus one per
+                 request scheduled for the first time (its arrival: a CPU profile's HTTP handling)
 Samples a dummy token that never stops a request, so outputs run to max_tokens (like ignore_eos).
 """
 from __future__ import annotations
@@ -41,6 +42,9 @@ class Efficiency:
     lm_head_curve: PiecewiseLinear | None = None
     # Measured serving overhead per step against the requests in it (a CPU profile), on top of the above.
     overhead_curve: PiecewiseLinear | None = None
+    # Measured cost of taking a request in (a CPU profile): HTTP parsing, tokenization and admission run
+    # on the cores the model uses, so the step that starts a new request's prefill pays for them.
+    arrival_overhead_s: float = 0.0
 
 
 # Datacenter GPUs running vLLM-class kernels. Teaching assumptions, each anchored to a public figure:
@@ -131,12 +135,12 @@ class CostModel:
         return fixed if e.overhead_curve is None else fixed + e.overhead_curve(num_requests)
 
     def step_time(self, num_tokens: int, num_sampled: int, num_requests: int, num_pairs: int,
-                  num_kv_tokens: int) -> dict[str, float]:
+                  num_kv_tokens: int, num_arrivals: int = 0) -> dict[str, float]:
         parts = {
             "weights": self.weights_time(num_tokens, num_sampled),
             "attention": self.attention_time(num_pairs, num_kv_tokens),
             "communication": self.communication_time(num_tokens),
-            "overhead": self.overhead_time(num_requests),
+            "overhead": self.overhead_time(num_requests) + num_arrivals * self.efficiency.arrival_overhead_s,
         }
         parts["total"] = parts["weights"] + parts["attention"] + parts["communication"] + parts["overhead"]
         return parts
@@ -200,6 +204,12 @@ class CostModel:
         return self.step_time(batch_size, batch_size, batch_size, s, s + batch_size)["total"]
 
 
+def _num_arrivals(plan: StepPlan) -> int:
+    """Requests this step starts from their first token: new ones (and one preempted by recompute,
+    which pays again; preemption is rare enough not to matter)."""
+    return sum(1 for s in plan.scheduled if s.prompt_token_ids is not None and s.num_computed_tokens == 0)
+
+
 class CostModelExecutor:
     """The lab's executor: same StepPlan in, StepResult out, duration from the cost model."""
 
@@ -218,7 +228,8 @@ class CostModelExecutor:
 
     def execute(self, plan: StepPlan) -> StepResult:
         num_tokens, num_sampled, num_pairs, num_kv_tokens, sampled = self._plan_totals(plan)
-        parts = self.cost_model.step_time(num_tokens, num_sampled, len(plan.scheduled), num_pairs, num_kv_tokens)
+        parts = self.cost_model.step_time(num_tokens, num_sampled, len(plan.scheduled), num_pairs, num_kv_tokens,
+                                          _num_arrivals(plan))
         return StepResult(sampled=sampled, duration=parts.pop("total"), breakdown=parts)
 
     def _plan_totals(self, plan: StepPlan) -> tuple[int, int, int, int, dict[str, SampledToken]]:
@@ -291,6 +302,6 @@ class CostModelExecutor:
         num_tokens, num_sampled, num_pairs, num_kv_tokens, sampled = self._plan_totals(plan)
         parts = self.cost_model.step_time(batch_size + num_tokens, batch_size + num_sampled,
                                           batch_size + len(plan.scheduled), context_sum + num_pairs,
-                                          context_sum + batch_size + num_kv_tokens)
+                                          context_sum + batch_size + num_kv_tokens, _num_arrivals(plan))
         return StepResult(sampled=sampled, duration=parts.pop("total"), breakdown=parts)
 

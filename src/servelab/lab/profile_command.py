@@ -73,5 +73,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     curve = e.overhead_curve
     print("  serving overhead per step: " + ", ".join(f"{y * 1e3:.1f} ms at {x:g} streams"
                                                      for x, y in zip(curve.xs, curve.ys)))
+    print(f"  arrival overhead per new request: {e.arrival_overhead_s * 1e3:.1f} ms")
     print(f"  now: servelab lab simulate --gpu local-cpu --model {profile.fit['model']} ...")
     return 0

@@ -143,7 +143,8 @@ def build_profile(cfg, num_blocks: int, model: ModelSpec, samples: list[StepSamp
         attention=flops_per_pair / (fit.pair_cost_s * device.flops) if fit.pair_cost_s else 1.0,
         kv_memory=kv_bytes / (fit.kv_cost_s * device.memory_bandwidth) if fit.kv_cost_s else 1.0,
         step_overhead_s=0.0, request_overhead_s=fit.request_overhead_s,
-        layers_curve=fit.layers, lm_head_curve=fit.lm_head, overhead_curve=overhead["curve"])
+        layers_curve=fit.layers, lm_head_curve=fit.lm_head, overhead_curve=overhead["curve"],
+        arrival_overhead_s=overhead.get("arrival_s", 0.0))
     return CpuProfile(
         device=device, efficiency=efficiency,
         kv_cache_bytes=num_blocks * cfg.cache.block_size * kv_bytes, dtype=cfg.dtype,

@@ -7,6 +7,10 @@ the profiled flags, streams c requests at once for a few c (the load generator, 
 and `bench stages` run it), and compares each run's median TPOT with the fitted decode step of c
 requests. The differences, as a piecewise-linear curve over c, become the cost model's overhead
 (not a straight line: per stream it costs most at a few streams, ~3 ms at 4, ~1.4 ms at 32 here).
+
+A new request costs something more before its first step: HTTP parsing, tokenization and admission, on
+the same cores. A few lone requests, one after another, measure it: their median TTFT less the fitted
+prefill step and the one-stream overhead is the arrival overhead.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from servelab.lab.calibration import StepFit, step_sample
 
 CONCURRENCIES = (1, 4, 16, 32)
 PROMPT_LEN, OUTPUT_LEN = 32, 48
+NUM_LONE_REQUESTS = 7
 
 
 def server_flags(args: EngineArgs) -> list[str]:
@@ -36,7 +41,8 @@ def server_flags(args: EngineArgs) -> list[str]:
 def measure_serving_overhead(args: EngineArgs, fit: StepFit, concurrencies: tuple[int, ...] = CONCURRENCIES,
                              progress: Callable[[str], None] | None = None,
                              startup_timeout_s: float = 600.0) -> dict:
-    """{"curve": PiecewiseLinear over concurrency, "points": [{concurrency, tpot_ms, predicted_step_ms}]}."""
+    """{"curve": PiecewiseLinear over concurrency, "points": [{concurrency, tpot_ms, predicted_step_ms}],
+    "arrival_s": seconds, "arrival": {ttft_ms, predicted_prefill_ms}}."""
     import asyncio
 
     from servelab.bench.datasets import build_requests, load_tokenizer
@@ -64,8 +70,19 @@ def measure_serving_overhead(args: EngineArgs, fit: StepFit, concurrencies: tupl
             if progress:
                 progress(f"serving {c} streams: TPOT {result['median_tpot_ms']:.1f} ms, "
                          f"the executor's step alone {predicted * 1e3:.1f} ms")
+        lone = WorkloadConfig(num_prompts=NUM_LONE_REQUESTS, input_len=PROMPT_LEN, output_len=2, seed=0)
+        result = run_benchmark(client, build_requests(lone, tokenizer), tokenizer, max_concurrency=1, show_progress=False)
+        if result["failed"]:
+            raise RuntimeError(f"{result['failed']} profiling requests failed: {result.get('error_counts')}")
     xs = tuple(p["concurrency"] for p in points)
     ys = tuple(max(0.0, p["tpot_ms"] - p["predicted_step_ms"]) / 1e3 for p in points)
     if len(points) == 1:  # a profile of --max-num-seqs 1..3: a flat overhead
         xs, ys = (xs[0], xs[0] + 1), (ys[0], ys[0])
-    return {"curve": PiecewiseLinear(xs, ys), "points": points, "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN}
+    curve = PiecewiseLinear(xs, ys)
+    prefill = fit.predict(step_sample([(0, PROMPT_LEN, True)], 0.0)) + curve(1)
+    arrival_s = max(0.0, result["median_ttft_ms"] / 1e3 - prefill)
+    if progress:
+        progress(f"lone requests: TTFT {result['median_ttft_ms']:.1f} ms, their prefill step {prefill * 1e3:.1f} ms: "
+                 f"arrival overhead {arrival_s * 1e3:.1f} ms")
+    return {"curve": curve, "points": points, "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN, "arrival_s": arrival_s,
+            "arrival": {"ttft_ms": result["median_ttft_ms"], "predicted_prefill_ms": prefill * 1e3}}
