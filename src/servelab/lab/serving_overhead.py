@@ -70,7 +70,8 @@ def measure_serving_overhead(args: EngineArgs, fit: StepFit, concurrencies: tupl
             if progress:
                 progress(f"serving {c} streams: TPOT {result['median_tpot_ms']:.1f} ms, "
                          f"the executor's step alone {predicted * 1e3:.1f} ms")
-        lone = WorkloadConfig(num_prompts=NUM_LONE_REQUESTS, input_len=PROMPT_LEN, output_len=2, seed=0)
+        # a few tokens: the first ones can decode to no text yet, and the load generator needs text
+        lone = WorkloadConfig(num_prompts=NUM_LONE_REQUESTS, input_len=PROMPT_LEN, output_len=8, seed=0)
         result = run_benchmark(client, build_requests(lone, tokenizer), tokenizer, max_concurrency=1, show_progress=False)
         if result["failed"]:
             raise RuntimeError(f"{result['failed']} profiling requests failed: {result.get('error_counts')}")
