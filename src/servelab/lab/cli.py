@@ -119,6 +119,12 @@ def _add_lab_commands(sub) -> None:
     add_validate_parser(sub)
 
 
+def build_lab_parser(parser_class: type[argparse.ArgumentParser] = LabArgumentParser) -> argparse.ArgumentParser:
+    parser = parser_class(prog="servelab lab", description=__doc__)
+    _add_lab_commands(parser.add_subparsers(dest="lab_command", required=True, parser_class=parser_class))
+    return parser
+
+
 def deployment_from_args(args: argparse.Namespace) -> Deployment:
     model, device = get_model(args.model), get_device(args.gpu)
     extra = {}
@@ -152,14 +158,16 @@ def workload_json(config: WorkloadConfig) -> dict:
     return out
 
 
+def format_json(payload: dict) -> str:
+    return json.dumps(payload, indent=2) + "\n"
+
+
 def print_json(payload: dict) -> None:
-    sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+    sys.stdout.write(format_json(payload))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = LabArgumentParser(prog="servelab lab", description=__doc__)
-    _add_lab_commands(parser.add_subparsers(dest="lab_command", required=True, parser_class=LabArgumentParser))
-    args = parser.parse_args(argv)
+    args = build_lab_parser().parse_args(argv)
     try:
         return args.func(args) or 0
     except ValueError as err:

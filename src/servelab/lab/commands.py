@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import argparse
 
-from servelab.lab.advisor import advise
+from servelab.lab.advisor import Advice, advise
 from servelab.lab.cli import deployment_from_args, print_json, workload_from_args, workload_json
-from servelab.lab.evaluate import Targets, evaluate
+from servelab.lab.evaluate import Evaluation, Targets, evaluate
 from servelab.lab.report import format_evaluation
 from servelab.lab.sweep import parse_values, plot_sweep, run_sweep
-from servelab.lab.workload import describe, generate_workload
+from servelab.lab.workload import WorkloadConfig, describe, generate_workload
 
 DOES_NOT_FIT = 1
 
@@ -17,18 +17,28 @@ def _targets(args: argparse.Namespace) -> Targets:
     return Targets(ttft_ms=args.ttft_target, tpot_ms=args.tpot_target)
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
+def run_simulate(args: argparse.Namespace) -> tuple[Evaluation, WorkloadConfig]:
+    """`lab simulate` for parsed flags; the lab web page calls this too, so page and command agree."""
     deployment = deployment_from_args(args)
     config = workload_from_args(args)
-    e = evaluate(deployment, generate_workload(config), _targets(args), multi_step=not args.single_step)
+    return evaluate(deployment, generate_workload(config), _targets(args), multi_step=not args.single_step), config
+
+
+def simulate_json(e: Evaluation, config: WorkloadConfig) -> dict:
+    return {**e.to_json(), "workload": workload_json(config)}
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    e, config = run_simulate(args)
     if args.json:
-        print_json({**e.to_json(), "workload": workload_json(config)})
+        print_json(simulate_json(e, config))
     else:
         print(format_evaluation(e, describe(config)))
     return 0 if e.fits else DOES_NOT_FIT
 
 
-def cmd_advise(args: argparse.Namespace) -> int:
+def run_advise(args: argparse.Namespace) -> tuple[Advice, WorkloadConfig]:
+    """`lab advise` for parsed flags (shared with the lab web page)."""
     targets = _targets(args)
     if targets.ttft_ms is None:
         raise ValueError("advise needs --ttft-target (and optionally --tpot-target)")
@@ -36,15 +46,25 @@ def cmd_advise(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-gpus must be >= 1, got {args.max_gpus}")
     base = deployment_from_args(args)
     config = workload_from_args(args)
-    advice = advise(base.model, base.device, generate_workload(config), targets, base=base, max_gpus=args.max_gpus)
+    return advise(base.model, base.device, generate_workload(config), targets, base=base,
+                  max_gpus=args.max_gpus), config
+
+
+def advise_json(advice: Advice, config: WorkloadConfig) -> dict:
+    return {**advice.to_json(), "workload": workload_json(config)}
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    advice, config = run_advise(args)
+    targets = _targets(args)
     if args.json:
-        print_json({**advice.to_json(), "workload": workload_json(config)})
+        print_json(advise_json(advice, config))
         return 0 if advice.recommendation else DOES_NOT_FIT
     print(f"workload: {describe(config)}; targets: p99 TTFT <= {targets.ttft_ms:g} ms"
           + (f", p99 TPOT <= {targets.tpot_ms:g} ms" if targets.tpot_ms else ""))
     rec = advice.recommendation
     if rec is None:
-        print(f"no deployment of up to {args.max_gpus} {base.device.id} GPUs meets the targets "
+        print(f"no deployment of up to {args.max_gpus} {args.gpu} GPUs meets the targets "
               f"({len(advice.candidates)} shapes simulated)")
         return DOES_NOT_FIT
     m = rec.metrics
