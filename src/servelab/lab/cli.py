@@ -1,5 +1,5 @@
-"""`servelab lab simulate | advise | sweep | profile | validate`. The deployment flags are the real engine's names, the
-workload flags the load generator's (`vllm bench serve`'s)."""
+"""`servelab lab simulate | advise | sweep | profile | validate | web`. The deployment flags are the real engine's
+names, the workload flags the load generator's (`vllm bench serve`'s)."""
 from __future__ import annotations
 
 import argparse
@@ -117,6 +117,16 @@ def _add_lab_commands(sub) -> None:
     from servelab.lab.validate_command import add_validate_parser
     add_profile_parser(sub)
     add_validate_parser(sub)
+
+    web = sub.add_parser("web", help="serve the lab page and its API alone, without loading a model")
+    web.add_argument("--host", default="127.0.0.1")
+    web.add_argument("--port", type=int, default=8000, help="0: any free port (the banner prints it)")
+    web.set_defaults(func=_run_web)
+
+
+def _run_web(args: argparse.Namespace) -> int:
+    from servelab.lab.web.server import serve_lab
+    return serve_lab(args.host, args.port)
 
 
 def build_lab_parser(parser_class: type[argparse.ArgumentParser] = LabArgumentParser) -> argparse.ArgumentParser:

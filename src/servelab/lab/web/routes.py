@@ -1,0 +1,172 @@
+"""The lab page's routes, one APIRouter for `servelab serve` and `servelab lab web` alike:
+
+  GET  /lab                 the page (static/index.html, lab.js, lab.css under /lab/static/)
+  GET  /lab/api/catalog     GPU and model ids with their key numbers, the evolution presets, the limits
+  POST /lab/api/simulate    what `servelab lab simulate --json` prints for the same inputs, byte for byte
+  POST /lab/api/advise      what `servelab lab advise --json` prints
+  GET  /lab/api/status      whether a simulation is running
+
+Simulations run one at a time in a worker thread (a second concurrent one gets 429): the same process may
+be serving a model, and the event loop must keep streaming its tokens."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from http import HTTPStatus
+from pathlib import Path
+from typing import Callable
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+
+from servelab.gateway.errors import OpenAIError, bad_request, internal_error, request_too_large
+from servelab.lab.catalog import GIB, LOCAL_CPU, get_device, get_model, gpu_ids, model_ids
+from servelab.lab.cli import format_json
+from servelab.lab.web.params import LIMITS, field_message, lab_args
+from servelab.lab.web.presets import DEFAULT_INPUTS, DEFAULT_STAGE, PRESETS
+
+logger = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).parent / "static"
+ASSETS = {"lab.js": "text/javascript", "lab.css": "text/css"}
+MAX_BODY_BYTES = 64 * 1024
+RETRY_AFTER_S = 1
+
+
+def lab_busy() -> OpenAIError:
+    return OpenAIError(HTTPStatus.TOO_MANY_REQUESTS, "The lab is running another simulation; retry when it is done.",
+                       type="rate_limit_error", code="lab_busy", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+class LabRunner:
+    """One simulation at a time, off the event loop. The check and the claim happen on the loop with no
+    await between them, so no lock is needed."""
+
+    def __init__(self) -> None:
+        self.running: str | None = None
+
+    async def run(self, command: str, work: Callable[[], str]) -> str:
+        if self.running is not None:
+            raise lab_busy()
+        self.running = command
+        try:
+            return await asyncio.to_thread(work)
+        finally:
+            self.running = None
+
+
+def _simulate(args) -> str:
+    from servelab.lab.commands import run_simulate, simulate_json
+    return format_json(simulate_json(*run_simulate(args)))
+
+
+def _advise(args) -> str:
+    from servelab.lab.commands import advise_json, run_advise
+    return format_json(advise_json(*run_advise(args)))
+
+
+WORK = {"simulate": _simulate, "advise": _advise}
+
+
+async def _read_json(request: Request):
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise request_too_large(MAX_BODY_BYTES)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise request_too_large(MAX_BODY_BYTES)
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise bad_request(f"the request body is not valid JSON: {err}") from None
+
+
+def catalog(live_engine: dict | None) -> dict:
+    gpus = []
+    for gpu_id in gpu_ids():
+        d = get_device(gpu_id)
+        gpus.append({"id": gpu_id, "name": d.name, "memory_gib": d.memory_bytes / GIB, "bf16_tflops": d.flops / 1e12,
+                     "memory_bandwidth_gb_s": d.memory_bandwidth / 1e9, "interconnect": d.interconnect,
+                     "gpus_per_node": d.gpus_per_node})
+    models = []
+    for model_id in model_ids():
+        m = get_model(model_id)
+        models.append({"id": model_id, "name": m.name, "num_params_b": m.num_params / 1e9,
+                       "weight_gib_bf16": m.weight_bytes("bfloat16") / GIB,
+                       "kv_kib_per_token_bf16": m.kv_bytes_per_token("bfloat16") / 1024,
+                       "num_attention_heads": m.num_attention_heads, "num_key_value_heads": m.num_key_value_heads,
+                       "max_position_embeddings": m.max_position_embeddings})
+    local = _local_cpu()
+    if local:
+        gpus.append(local)
+    return {"gpus": gpus, "models": models, "presets": PRESETS, "default_stage": DEFAULT_STAGE,
+            "defaults": DEFAULT_INPUTS, "limits": LIMITS, "live_engine": live_engine}
+
+
+def _local_cpu() -> dict | None:
+    from servelab.lab.profile import load_cpu_profile
+    try:
+        profile = load_cpu_profile()
+    except ValueError:
+        return None
+    d = profile.device
+    return {"id": LOCAL_CPU, "name": d.name, "memory_gib": d.memory_bytes / GIB, "bf16_tflops": d.flops / 1e12,
+            "memory_bandwidth_gb_s": d.memory_bandwidth / 1e9, "interconnect": d.interconnect,
+            "gpus_per_node": d.gpus_per_node, "profiled_model": profile.fit.get("model")}
+
+
+def _error(err: OpenAIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def build_lab_router(live_engine: dict | None = None) -> APIRouter:
+    """live_engine: where the page finds the serving engine's meters ({"metrics_stream": url,
+    "needs_api_key": bool}), or None when no model is served (`servelab lab web`)."""
+    router = APIRouter()
+    runner = LabRunner()
+
+    @router.get("/lab")
+    async def page() -> Response:
+        return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
+
+    @router.get("/lab/static/{name}")
+    async def asset(name: str) -> Response:
+        if name not in ASSETS:
+            return _error(OpenAIError(HTTPStatus.NOT_FOUND, f"no lab asset {name!r}", code="not_found"))
+        return FileResponse(STATIC_DIR / name, media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})
+
+    @router.get("/lab/api/catalog")
+    async def get_catalog() -> Response:
+        return JSONResponse(catalog(live_engine))
+
+    @router.get("/lab/api/status")
+    async def status() -> Response:
+        return JSONResponse({"running": runner.running})
+
+    async def run(command: str, request: Request) -> Response:
+        try:
+            args = lab_args(command, await _read_json(request))
+            text = await runner.run(command, lambda: WORK[command](args))
+        except OpenAIError as err:
+            return _error(err)
+        except ValueError as err:
+            bad = field_message(err)
+            return _error(bad_request(str(bad), param=bad.param))
+        except Exception as err:  # a bug, not bad input: say so without a traceback
+            logger.exception("lab %s failed", command)
+            return _error(internal_error(f"the lab {command} failed: {type(err).__name__}: {err}"))
+        return Response(text, media_type="application/json")
+
+    @router.post("/lab/api/simulate")
+    async def simulate(request: Request) -> Response:
+        return await run("simulate", request)
+
+    @router.post("/lab/api/advise")
+    async def advise(request: Request) -> Response:
+        return await run("advise", request)
+
+    return router
