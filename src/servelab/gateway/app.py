@@ -25,6 +25,7 @@ from servelab.gateway.errors import (OpenAIError, RequestBodyTooLarge, internal_
                                      shutting_down, unauthorized)
 from servelab.gateway.serving import OpenAIServing
 from servelab.gateway.sse import SSEResponse, sse_event
+from servelab.lab.web.routes import build_lab_router
 from servelab.llm_engine import LLMEngine
 from servelab.metrics.recorder import MetricsRecorder, with_rates
 from servelab.metrics.server_metrics import ServerMetrics
@@ -225,4 +226,7 @@ def build_app(gateway: Gateway) -> FastAPI:
 
         return SSEResponse(events(), on_close=lambda: None)
 
+    # The lab page and its API never touch the model: outside /v1, so no API key (like /health).
+    app.include_router(build_lab_router(live_engine={
+        "metrics_stream": "/v1/metrics/stream", "needs_api_key": config.protect_metrics and gateway.auth.enabled}))
     return app
