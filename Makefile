@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench clean
+.PHONY: install run test chromium bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,9 +23,21 @@ run: $(STAMP)
 	@echo "servelab: starting on http://$(HOST):$(PORT)/v1 (Ctrl+C to stop). Once it is up, try:"
 	@echo "  curl http://$(HOST):$(PORT)/v1/chat/completions -H 'Content-Type: application/json' \\"
 	@echo "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"Why does a KV cache speed up inference?\"}], \"max_tokens\": 64}'"
+	@echo "  or open the lab page: http://$(HOST):$(PORT)/lab"
 	$(VENV)/bin/servelab serve --host $(HOST) --port $(PORT)
 
-test: $(STAMP)
+# The lab page's browser test (tests/web) drives Debian's Chromium through Playwright; nothing is downloaded
+# by Playwright itself. Installed once, with sudo only when not root.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+$(CHROMIUM):
+	$(SUDO) apt-get update
+	$(SUDO) apt-get install -y chromium
+
+chromium: $(CHROMIUM)
+
+test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest tests
 
 bench: $(STAMP)
