@@ -86,12 +86,7 @@ async def _read_json(request: Request):
 
 
 def catalog(live_engine: dict | None) -> dict:
-    gpus = []
-    for gpu_id in gpu_ids():
-        d = get_device(gpu_id)
-        gpus.append({"id": gpu_id, "name": d.name, "memory_gib": d.memory_bytes / GIB, "bf16_tflops": d.flops / 1e12,
-                     "memory_bandwidth_gb_s": d.memory_bandwidth / 1e9, "interconnect": d.interconnect,
-                     "gpus_per_node": d.gpus_per_node})
+    gpus = [_device_json(gpu_id, get_device(gpu_id)) for gpu_id in gpu_ids()]
     models = []
     for model_id in model_ids():
         m = get_model(model_id)
@@ -113,10 +108,13 @@ def _local_cpu() -> dict | None:
         profile = load_cpu_profile()
     except ValueError:
         return None
-    d = profile.device
-    return {"id": LOCAL_CPU, "name": d.name, "memory_gib": d.memory_bytes / GIB, "bf16_tflops": d.flops / 1e12,
+    return {**_device_json(LOCAL_CPU, profile.device), "profiled_model": profile.fit.get("model")}
+
+
+def _device_json(device_id: str, d) -> dict:
+    return {"id": device_id, "name": d.name, "memory_gib": d.memory_bytes / GIB, "bf16_tflops": d.flops / 1e12,
             "memory_bandwidth_gb_s": d.memory_bandwidth / 1e9, "interconnect": d.interconnect,
-            "gpus_per_node": d.gpus_per_node, "profiled_model": profile.fit.get("model")}
+            "gpus_per_node": d.gpus_per_node}
 
 
 def _error(err: OpenAIError) -> JSONResponse:
