@@ -58,11 +58,16 @@ def measure_serving_overhead(args: EngineArgs, fit: StepFit, concurrencies: tupl
             ServelabServer(args.model, server_flags(args), Path(log_dir) / "serve.log", startup_timeout_s) as server:
         client = ClientConfig(base_url=server.url, endpoint="/v1/completions",
                               model=asyncio.run(first_model_id(server.url)), ignore_eos=True)
-        for c in concurrencies:
-            workload = WorkloadConfig(num_prompts=c, input_len=PROMPT_LEN, output_len=OUTPUT_LEN, seed=c)
-            result = run_benchmark(client, build_requests(workload, tokenizer), tokenizer, show_progress=False)
+
+        def run(workload: WorkloadConfig, max_concurrency: int | None = None) -> dict:
+            result = run_benchmark(client, build_requests(workload, tokenizer), tokenizer, max_concurrency,
+                                   show_progress=False)
             if result["failed"]:
                 raise RuntimeError(f"{result['failed']} profiling requests failed: {result.get('error_counts')}")
+            return result
+
+        for c in concurrencies:
+            result = run(WorkloadConfig(num_prompts=c, input_len=PROMPT_LEN, output_len=OUTPUT_LEN, seed=c))
             # the decode steps of c requests at the run's middle context length
             middle = PROMPT_LEN + OUTPUT_LEN // 2
             predicted = fit.predict(step_sample([(middle, 1, True)] * c, 0.0))
@@ -71,19 +76,18 @@ def measure_serving_overhead(args: EngineArgs, fit: StepFit, concurrencies: tupl
                 progress(f"serving {c} streams: TPOT {result['median_tpot_ms']:.1f} ms, "
                          f"the executor's step alone {predicted * 1e3:.1f} ms")
         # a few tokens: the first ones can decode to no text yet, and the load generator needs text
-        lone = WorkloadConfig(num_prompts=NUM_LONE_REQUESTS, input_len=PROMPT_LEN, output_len=8, seed=0)
-        result = run_benchmark(client, build_requests(lone, tokenizer), tokenizer, max_concurrency=1, show_progress=False)
-        if result["failed"]:
-            raise RuntimeError(f"{result['failed']} profiling requests failed: {result.get('error_counts')}")
+        lone = run(WorkloadConfig(num_prompts=NUM_LONE_REQUESTS, input_len=PROMPT_LEN, output_len=8, seed=0),
+                   max_concurrency=1)
     xs = tuple(p["concurrency"] for p in points)
     ys = tuple(max(0.0, p["tpot_ms"] - p["predicted_step_ms"]) / 1e3 for p in points)
     if len(points) == 1:  # a profile of --max-num-seqs 1..3: a flat overhead
         xs, ys = (xs[0], xs[0] + 1), (ys[0], ys[0])
     curve = PiecewiseLinear(xs, ys)
     prefill = fit.predict(step_sample([(0, PROMPT_LEN, True)], 0.0)) + curve(1)
-    arrival_s = max(0.0, result["median_ttft_ms"] / 1e3 - prefill)
+    ttft_ms = lone["median_ttft_ms"]
+    arrival_s = max(0.0, ttft_ms / 1e3 - prefill)
     if progress:
-        progress(f"lone requests: TTFT {result['median_ttft_ms']:.1f} ms, their prefill step {prefill * 1e3:.1f} ms: "
+        progress(f"lone requests: TTFT {ttft_ms:.1f} ms, their prefill step {prefill * 1e3:.1f} ms: "
                  f"arrival overhead {arrival_s * 1e3:.1f} ms")
     return {"curve": curve, "points": points, "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN, "arrival_s": arrival_s,
-            "arrival": {"ttft_ms": result["median_ttft_ms"], "predicted_prefill_ms": prefill * 1e3}}
+            "arrival": {"ttft_ms": ttft_ms, "predicted_prefill_ms": prefill * 1e3}}
