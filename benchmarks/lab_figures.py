@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 from servelab.lab.catalog import get_device, get_model
-from servelab.lab.deployment import Deployment
-from servelab.lab.evaluate import evaluate
-from servelab.lab.workload import WorkloadConfig, generate_workload
+from servelab.lab.sim.deployment import Deployment
+from servelab.lab.analysis.evaluate import evaluate
+from servelab.workload import WorkloadConfig, generate_workload
 
 SHAPES = [("llama-3.1-8b", 1, 1), ("llama-3.1-70b", 4, 4)]
 RATES = [1.0, 4.0, 16.0]

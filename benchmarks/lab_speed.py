@@ -32,9 +32,9 @@ def timed(argv: list[str]) -> tuple[float, float, dict]:
 def simulate_only(rate: float) -> float:
     """Seconds inside simulate() alone (no imports, workload generation, metrics or JSON)."""
     from servelab.lab.catalog import get_device, get_model
-    from servelab.lab.deployment import Deployment
-    from servelab.lab.simulate import simulate
-    from servelab.lab.workload import WorkloadConfig, generate_workload
+    from servelab.lab.sim.deployment import Deployment
+    from servelab.lab.sim.simulate import simulate
+    from servelab.workload import WorkloadConfig, generate_workload
 
     w = generate_workload(WorkloadConfig(dataset="sharegpt-like", num_prompts=10000, request_rate=rate))
     d = Deployment(get_model("llama-3.1-8b"), get_device("h100"), num_gpus=1)

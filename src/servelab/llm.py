@@ -6,7 +6,7 @@ from typing import Sequence
 from tqdm import tqdm
 
 from servelab.engine_args import EngineArgs
-from servelab.llm_engine import LLMEngine, PromptType
+from servelab.engine.llm_engine import LLMEngine, PromptType
 from servelab.outputs import RequestOutput
 from servelab.sampling_params import SamplingParams
 

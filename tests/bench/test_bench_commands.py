@@ -5,7 +5,7 @@ import math
 
 from fake_openai_server import MODEL, FakeOpenAIServer, Plan
 
-from servelab.cli import main
+from servelab.entrypoints.cli import main
 
 VLLM_SUMMARY_KEYS = [
     "completed", "failed", "duration", "total_input_tokens", "total_output_tokens", "request_throughput",

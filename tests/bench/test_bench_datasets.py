@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from servelab.bench.datasets import build_requests, exact_length_text, ordinary_token_ids, read_jsonl
-from servelab.lab.workload import WorkloadConfig, generate_workload
+from servelab.workload import WorkloadConfig, generate_workload
 
 
 def test_random_ids_have_the_lab_workloads_arrivals_and_lengths(tokenizer):

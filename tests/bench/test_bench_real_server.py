@@ -6,7 +6,7 @@ import pytest
 from server_helpers import TINY_ENGINE_FLAGS, metric_values
 
 from servelab.bench import stages
-from servelab.cli import main
+from servelab.entrypoints.cli import main
 
 NUM_PROMPTS, INPUT_LEN, OUTPUT_LEN = 6, 16, 8
 

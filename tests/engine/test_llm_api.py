@@ -132,7 +132,7 @@ def test_unknown_model_path(tmp_path):
 
 
 def test_cli_generate_streams_and_reports_errors(tiny_llama_dir):
-    run = lambda *a: subprocess.run([sys.executable, "-m", "servelab.cli", *a], capture_output=True,  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "servelab.entrypoints.cli", *a], capture_output=True,  # noqa: E731
                                     text=True, timeout=300)
     ok = run("generate", "hello", "--model", str(tiny_llama_dir), "--max-tokens", "5", "--dtype", "float32")
     assert ok.returncode == 0 and ok.stdout.strip(), ok.stderr

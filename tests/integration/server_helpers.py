@@ -26,7 +26,7 @@ def free_port() -> int:
 
 def servelab_command() -> list[str]:
     script = Path(sys.executable).with_name("servelab")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "servelab.cli"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "servelab.entrypoints.cli"]
 
 
 class ServerProcess:

@@ -12,7 +12,7 @@ ENGINE_FLAGS = ["--max-num-seqs", "4", "--max-num-batched-tokens", "128", "--num
 
 
 def servelab(*argv: str, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "servelab.cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "servelab.entrypoints.cli", *argv], capture_output=True, text=True,
                           env=env, timeout=timeout)
 
 

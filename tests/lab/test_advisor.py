@@ -1,9 +1,9 @@
 """The advisor picks the fewest GPUs that meet the targets, and explains each decision."""
-from servelab.lab.advisor import advise, shapes
+from servelab.lab.analysis.advisor import advise, shapes
 from servelab.lab.catalog import get_device, get_model
-from servelab.lab.deployment import Deployment
-from servelab.lab.evaluate import Targets, evaluate
-from servelab.lab.workload import WorkloadConfig, generate_workload
+from servelab.lab.sim.deployment import Deployment
+from servelab.lab.analysis.evaluate import Targets, evaluate
+from servelab.workload import WorkloadConfig, generate_workload
 
 DECISIONS = ["KV-cache management", "Continuous batching", "Tensor-parallel sharding", "Prefill/decode split",
              "GPU autoscaling", "Token streaming"]

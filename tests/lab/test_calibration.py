@@ -8,9 +8,9 @@ import pytest
 from servelab.core.plan import ScheduledRequest, StepPlan
 from servelab.executor.cost_model import GPU_EFFICIENCY, CostModel, CostModelExecutor, Efficiency
 from servelab.executor.curve import PiecewiseLinear
-from servelab.lab.calibration import StepFit, fit_steps, hat_weights, knots_for, nnls, step_sample
+from servelab.lab.calibrate.fit import StepFit, fit_steps, hat_weights, knots_for, nnls, step_sample
 from servelab.lab.catalog import get_device, get_model
-from servelab.lab.profiler import ProfileSettings, step_grid
+from servelab.lab.calibrate.step_timing import ProfileSettings, step_grid
 from servelab.sampling_params import SamplingParams
 
 SETTINGS = ProfileSettings(max_num_seqs=128, max_num_batched_tokens=1024, max_model_len=8192, num_blocks=5825,

@@ -3,10 +3,11 @@ import pytest
 
 from servelab.core.plan import ScheduledRequest, StepPlan
 from servelab.executor.cost_model import CostModel, CostModelExecutor, Efficiency
-from servelab.lab.catalog import DeviceSpec, ModelSpec, get_device, get_model
-from servelab.lab.deployment import Deployment, plan_memory
-from servelab.lab.simulate import simulate
-from servelab.lab.workload import SampledRequest
+from servelab.lab.catalog import get_device, get_model
+from servelab.specs import DeviceSpec, ModelSpec
+from servelab.lab.sim.deployment import Deployment, plan_memory
+from servelab.lab.sim.simulate import simulate
+from servelab.workload import SampledRequest
 from servelab.sampling_params import SamplingParams
 
 # Round numbers: 10 layers, hidden 1024, 16 heads / 4 KV heads of 64, MLP 4096, vocab 32000.

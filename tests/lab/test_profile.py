@@ -5,9 +5,10 @@ import pytest
 
 from servelab.executor.cost_model import Efficiency
 from servelab.executor.curve import PiecewiseLinear
-from servelab.lab.catalog import LOCAL_CPU, DeviceSpec, get_device, get_model
+from servelab.lab.catalog import LOCAL_CPU, get_device, get_model
+from servelab.specs import DeviceSpec
 from servelab.lab.cli import main
-from servelab.lab.profile import (PROFILE_FORMAT, CpuProfile, load_cpu_profile, model_shape, profile_path,
+from servelab.lab.catalog.cpu_profile import (PROFILE_FORMAT, CpuProfile, load_cpu_profile, model_shape, profile_path,
                                   save_cpu_profile)
 
 

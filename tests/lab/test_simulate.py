@@ -6,12 +6,12 @@ import pytest
 
 from servelab.core import block_manager as core_block_manager
 from servelab.core import scheduler as core_scheduler
-from servelab.lab import instance as lab_instance
+from servelab.lab.sim import instance as lab_instance
 from servelab.lab.catalog import get_device, get_model
-from servelab.lab.deployment import Deployment
-from servelab.lab.evaluate import Targets, evaluate
-from servelab.lab.simulate import DoesNotFit, simulate
-from servelab.lab.workload import WorkloadConfig, generate_workload
+from servelab.lab.sim.deployment import Deployment
+from servelab.lab.analysis.evaluate import Targets, evaluate
+from servelab.lab.sim.simulate import DoesNotFit, simulate
+from servelab.workload import WorkloadConfig, generate_workload
 
 
 def deployment(model="llama-3.1-8b", gpu="h100", **kw):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.cli import main
+from servelab.entrypoints.cli import main
 
 GOLDEN = Path(__file__).parent / "data" / "simulate_golden.json"
 

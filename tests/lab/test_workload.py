@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from servelab.lab.workload import WorkloadConfig, generate_workload, sample_arrival_times
+from servelab.workload import WorkloadConfig, generate_workload, sample_arrival_times
 
 
 def test_same_seed_same_workload_and_lengths_survive_a_rate_change():

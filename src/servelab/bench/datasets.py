@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servelab.lab.workload import DEFAULT_OUTPUT_LEN, WorkloadConfig, generate_workload
+from servelab.workload import DEFAULT_OUTPUT_LEN, WorkloadConfig, generate_workload
 from servelab.model.tokenizer import Tokenizer
 
 BENCH_DATASETS = ("random", "sharegpt-like", "jsonl")

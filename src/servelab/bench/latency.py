@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from servelab.bench.results import markdown_table, write_results
-    from servelab.llm_engine import LLMEngine
+    from servelab.engine.llm_engine import LLMEngine
     from servelab.sampling_params import SamplingParams
 
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from servelab.bench.datasets import BENCH_DATASETS, BenchRequest, build_requests, load_tokenizer
 from servelab.bench.loadgen import ENDPOINTS, ClientConfig, RequestResult, first_model_id, probe
-from servelab.lab.workload import WorkloadConfig
+from servelab.workload import WorkloadConfig
 from servelab.metrics.request_stats import RequestTiming, compute_metrics, meets_slos
 
 SLO_KEYS = ("ttft", "tpot", "e2el")

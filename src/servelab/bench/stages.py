@@ -37,7 +37,7 @@ class ServelabServer:
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.url = ""
-        command = [sys.executable, "-m", "servelab.cli", "serve", *([model] if model else []),
+        command = [sys.executable, "-m", "servelab.entrypoints.cli", "serve", *([model] if model else []),
                    "--host", "127.0.0.1", "--port", "0", *flags]
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)

@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from servelab.bench.results import markdown_table, write_results
-    from servelab.llm_engine import LLMEngine
+    from servelab.engine.llm_engine import LLMEngine
 
     base_args = EngineArgs.from_cli_args(args)
     schedules = (args.schedules or base_args.schedule).split(",")

@@ -20,7 +20,7 @@ import numpy as np
 from servelab.core.plan import SampledToken, StepPlan, StepResult
 from servelab.core.multi_step import DecodeRun
 from servelab.executor.curve import PiecewiseLinear
-from servelab.lab.catalog import DTYPE_BYTES, DeviceSpec, ModelSpec
+from servelab.specs import DTYPE_BYTES, DeviceSpec, ModelSpec
 
 DUMMY_TOKEN_ID = 0
 

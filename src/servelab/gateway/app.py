@@ -9,7 +9,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -18,15 +18,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servelab.gateway.admission import AdmissionControl
-from servelab.gateway.async_engine import AsyncEngine
+from servelab.gateway.async_llm import AsyncLLM
 from servelab.gateway.auth import ApiKeyAuth
 from servelab.gateway.config import ServerConfig
 from servelab.gateway.errors import (OpenAIError, RequestBodyTooLarge, internal_error, request_too_large,
                                      shutting_down, unauthorized)
 from servelab.gateway.serving import OpenAIServing
 from servelab.gateway.sse import SSEResponse, sse_event
-from servelab.lab.web.routes import build_lab_router
-from servelab.llm_engine import LLMEngine
+from servelab.engine.llm_engine import LLMEngine
 from servelab.metrics.recorder import MetricsRecorder, with_rates
 from servelab.metrics.server_metrics import ServerMetrics
 
@@ -45,7 +44,7 @@ class Gateway:
         self.model_path = model_path
         self.metrics = ServerMetrics(config.model_name, engine.executor.weight_bytes, engine.max_model_len)
         self.recorder = MetricsRecorder(self.metrics)
-        self.engine = AsyncEngine(engine, on_events=self.recorder.submit)
+        self.engine = AsyncLLM(engine, on_events=self.recorder.submit)
         self.admission = AdmissionControl(config.max_num_queued_requests, config.max_queued_tokens,
                                           on_reject=self.metrics.record_rejected)
         self.auth = ApiKeyAuth(config.api_keys)
@@ -154,7 +153,8 @@ def _error_response(exc: OpenAIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
 
-def build_app(gateway: Gateway) -> FastAPI:
+def build_app(gateway: Gateway, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
+    """The OpenAI API, /health and /metrics, plus the routers an entry point mounts beside them (the lab page)."""
     config = gateway.config
 
     @asynccontextmanager
@@ -226,7 +226,6 @@ def build_app(gateway: Gateway) -> FastAPI:
 
         return SSEResponse(events(), on_close=lambda: None)
 
-    # The lab page and its API never touch the model: outside /v1, so no API key (like /health).
-    app.include_router(build_lab_router(live_engine={
-        "metrics_stream": "/v1/metrics/stream", "needs_api_key": config.protect_metrics and gateway.auth.enabled}))
+    for router in routers:
+        app.include_router(router)
     return app

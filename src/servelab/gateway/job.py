@@ -13,7 +13,7 @@ from typing import AsyncIterator
 from starlette.requests import Request
 
 from servelab.gateway.admission import Ticket
-from servelab.gateway.async_engine import AsyncEngine, EngineDeadError, EngineStepError
+from servelab.gateway.async_llm import AsyncLLM, EngineDeadError, EngineStepError
 from servelab.gateway.request_stream import RequestStream
 from servelab.gateway.errors import OpenAIError, bad_request, engine_unavailable, internal_error, request_timeout
 from servelab.outputs import RequestOutput
@@ -58,7 +58,7 @@ class Job:
     """One API call: its engine requests (one per prompt), admission ticket and outcome. close() runs
     exactly once however the call ends: it aborts what is unfinished, releases the ticket, logs."""
 
-    def __init__(self, ctx: RequestContext, engine: AsyncEngine, ticket: Ticket, model: str,
+    def __init__(self, ctx: RequestContext, engine: AsyncLLM, ticket: Ticket, model: str,
                  prompts: list[Prompt], params: SamplingParams, stream: bool) -> None:
         self.ctx = ctx
         self.engine = engine

@@ -21,7 +21,7 @@ class RequestStream:
         self._error: BaseException | None = None
         self._event = asyncio.Event()
 
-    # ---- called by AsyncEngine on the loop (scheduled from the engine thread)
+    # ---- called by AsyncLLM on the loop (scheduled from the engine thread)
     def on_accepted(self) -> None:
         if not self.accepted.done():
             self.accepted.set_result(None)

@@ -10,16 +10,18 @@ import sys
 
 import prometheus_client
 import uvicorn
+from fastapi import APIRouter
 
 from servelab.gateway.app import Gateway, build_app
 from servelab.gateway.config import ServerConfig
-from servelab.llm_engine import LLMEngine
+from servelab.engine.llm_engine import LLMEngine
 
 
-def serve(engine: LLMEngine, config: ServerConfig, model_path: str | None = None, log_level: str = "info") -> None:
+def serve(engine: LLMEngine, config: ServerConfig, model_path: str | None = None, log_level: str = "info",
+          routers: tuple[APIRouter, ...] = ()) -> None:
     prometheus_client.disable_created_metrics()  # as vLLM does: no *_created series next to each metric
     gateway = Gateway(engine, config, model_path)
-    uv_config = uvicorn.Config(build_app(gateway), host=config.host, port=config.port, log_level=log_level,
+    uv_config = uvicorn.Config(build_app(gateway, routers), host=config.host, port=config.port, log_level=log_level,
                                access_log=False, timeout_graceful_shutdown=5, lifespan="on")
     DrainingServer(uv_config, gateway).run()
 

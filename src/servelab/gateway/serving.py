@@ -10,19 +10,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from servelab.gateway.admission import AdmissionControl
-from servelab.gateway.async_engine import AsyncEngine
+from servelab.gateway.async_llm import AsyncLLM
 from servelab.gateway.config import ServerConfig
 from servelab.gateway.errors import OpenAIError, RequestBodyTooLarge, bad_request, model_not_found, request_too_large
 from servelab.gateway.job import CLIENT_CLOSED, ClientDisconnected, Job, Prompt, RequestContext
 from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from servelab.gateway.responses import ResponseBuilder
 from servelab.gateway.sse import SSEResponse
-from servelab.llm_engine import LLMEngine
+from servelab.engine.llm_engine import LLMEngine
 from servelab.sampling_params import SamplingParams
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncEngine, llm_engine: LLMEngine, admission: AdmissionControl,
+    def __init__(self, engine: AsyncLLM, llm_engine: LLMEngine, admission: AdmissionControl,
                  config: ServerConfig) -> None:
         self.engine = engine
         self.llm_engine = llm_engine

@@ -1,8 +1,11 @@
-"""The lab: servelab's own Scheduler and BlockManager on a virtual clock, with a cost model in place of
-the model, to answer "what would this deployment do under this load?" for datacenter GPUs.
+"""The lab: servelab's own EngineCore (Scheduler, BlockManager) on a virtual clock, with a cost model in
+place of the model, to answer "what would this deployment do under this load?" for datacenter GPUs.
 
-workload.py (seeded arrivals and lengths, shared with the load generator), catalog.py (GPUs, models),
-deployment.py (shapes and memory), instance.py + simulate.py (the event loop), meters.py, advisor.py,
-sweep.py, cli.py (`servelab lab simulate | advise | sweep`). Kept free of imports here so that
-`import servelab.lab.workload` stays light.
+catalog/    GPUs and models (data/*.json), this machine's CPU profile
+sim/        deployments (shape and memory), simulated instances, the load balancer, the event loop
+analysis/   meters, evaluation, advisor and its decisions, sweeps, text reports
+calibrate/  profile the real engine, fit the cost model to it, validate the lab against real runs
+api.py      the typed lab API that both front-ends call
+cli.py, web/  the front-ends: `servelab lab ...` and the /lab page
+Kept free of imports here, so that `import servelab.lab.sim` stays light.
 """

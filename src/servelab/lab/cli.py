@@ -11,8 +11,8 @@ from pathlib import Path
 
 from servelab.config import SCHEDULE_POLICIES
 from servelab.lab.catalog import LOCAL_CPU, get_device, get_model, gpu_ids, model_ids
-from servelab.lab.deployment import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, ROUTERS, Deployment
-from servelab.lab.workload import DATASETS, WorkloadConfig
+from servelab.lab.sim.deployment import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, ROUTERS, Deployment
+from servelab.workload import DATASETS, WorkloadConfig
 
 
 class LabArgumentParser(argparse.ArgumentParser):
@@ -80,7 +80,7 @@ def add_lab_parser(subparsers) -> argparse.ArgumentParser:
 def _handler(name: str):
     """Import the command modules only when a lab command runs, not when `servelab` builds its parser."""
     def run(args: argparse.Namespace) -> int:
-        from servelab.lab import commands
+        from servelab.lab import api as commands
         return getattr(commands, name)(args)
     return run
 
@@ -113,8 +113,8 @@ def _add_lab_commands(sub) -> None:
     swp.add_argument("--output", type=Path, default=Path("lab-sweep.png"), help="PNG path")
     swp.set_defaults(func=_handler("cmd_sweep"))
 
-    from servelab.lab.profile_command import add_profile_parser
-    from servelab.lab.validate_command import add_validate_parser
+    from servelab.lab.calibrate.profile_run import add_profile_parser
+    from servelab.lab.calibrate.validate import add_validate_parser
     add_profile_parser(sub)
     add_validate_parser(sub)
 
@@ -139,7 +139,7 @@ def deployment_from_args(args: argparse.Namespace) -> Deployment:
     model, device = get_model(args.model), get_device(args.gpu)
     extra = {}
     if args.gpu == LOCAL_CPU:
-        from servelab.lab.profile import load_cpu_profile
+        from servelab.lab.catalog.cpu_profile import load_cpu_profile
         profile = load_cpu_profile()
         profile.check_model(model)
         extra = dict(efficiency=profile.efficiency, kv_cache_bytes=profile.kv_cache_bytes)

@@ -11,7 +11,7 @@ from numbers import Real
 from servelab.config import SCHEDULE_POLICIES
 from servelab.lab.catalog import LOCAL_CPU, gpu_ids, model_ids
 from servelab.lab.cli import build_lab_parser, split_ratio, workload_from_args
-from servelab.lab.workload import DATASETS, generate_workload
+from servelab.workload import DATASETS, generate_workload
 
 # Bounds that keep one simulation to seconds on a shared machine (the CLI has none).
 MAX_NUM_PROMPTS = 5000
@@ -99,7 +99,7 @@ def _disaggregate(field: str, value) -> tuple[int, int]:
 def _gpu(field: str, value) -> str:
     _choice(field, value, [*gpu_ids(), LOCAL_CPU])
     if value == LOCAL_CPU:
-        from servelab.lab.profile import load_cpu_profile
+        from servelab.lab.catalog.cpu_profile import load_cpu_profile
         try:
             load_cpu_profile()
         except ValueError as err:

@@ -22,7 +22,8 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 
 from servelab.gateway.errors import OpenAIError, bad_request, internal_error, request_too_large
-from servelab.lab.catalog import GIB, LOCAL_CPU, get_device, get_model, gpu_ids, model_ids
+from servelab.lab.catalog import LOCAL_CPU, get_device, get_model, gpu_ids, model_ids
+from servelab.specs import GIB
 from servelab.lab.cli import format_json
 from servelab.lab.web.params import LIMITS, field_message, lab_args
 from servelab.lab.web.presets import DEFAULT_INPUTS, DEFAULT_STAGE, PRESETS
@@ -58,12 +59,12 @@ class LabRunner:
 
 
 def _simulate(args) -> str:
-    from servelab.lab.commands import run_simulate, simulate_json
+    from servelab.lab.api import run_simulate, simulate_json
     return format_json(simulate_json(*run_simulate(args)))
 
 
 def _advise(args) -> str:
-    from servelab.lab.commands import advise_json, run_advise
+    from servelab.lab.api import advise_json, run_advise
     return format_json(advise_json(*run_advise(args)))
 
 
@@ -103,7 +104,7 @@ def catalog(live_engine: dict | None) -> dict:
 
 
 def _local_cpu() -> dict | None:
-    from servelab.lab.profile import load_cpu_profile
+    from servelab.lab.catalog.cpu_profile import load_cpu_profile
     try:
         profile = load_cpu_profile()
     except ValueError:

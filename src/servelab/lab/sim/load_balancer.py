@@ -8,7 +8,7 @@ class Loaded(Protocol):
     num_outstanding: int
 
 
-class Router:
+class LoadBalancer:
     def __init__(self, policy: str, instances: Sequence[Loaded]) -> None:
         if policy not in ("round-robin", "least-loaded"):
             raise ValueError(f"unknown router {policy!r}")

@@ -15,10 +15,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from servelab.core.request import Request, RequestStatus
-from servelab.lab.deployment import Deployment, MemoryPlan, plan_memory
-from servelab.lab.instance import Instance
-from servelab.lab.router import Router
-from servelab.lab.workload import SampledRequest
+from servelab.lab.sim.deployment import Deployment, MemoryPlan, plan_memory
+from servelab.lab.sim.instance import Instance
+from servelab.lab.sim.load_balancer import LoadBalancer
+from servelab.workload import SampledRequest
 from servelab.sampling_params import SamplingParams
 
 # Fixed cost of starting one KV transfer (connector handshake, RDMA registration): an assumption,
@@ -88,8 +88,8 @@ class _Simulation:
                           for i, role in enumerate(roles)]
         self.front = [inst for inst in self.instances if inst.role != "decode"]
         self.back = [inst for inst in self.instances if inst.role == "decode"]
-        self.front_router = Router(d.router, self.front)
-        self.back_router = Router(d.router, self.back)
+        self.front_balancer = LoadBalancer(d.router, self.front)
+        self.back_balancer = LoadBalancer(d.router, self.back)
         self.params = SamplingParams(max_tokens=None, ignore_eos=True)
         self.heap: list[tuple] = []
         self.seq = itertools.count()
@@ -124,7 +124,7 @@ class _Simulation:
 
     def _arrive(self, index: int, time: float) -> None:
         w = self.workload[index]
-        instance = self.front_router.pick()
+        instance = self.front_balancer.pick()
         max_tokens = 1 if instance.role == "prefill" else w.output_len
         request = Request(str(index), [0] * w.prompt_len, self.params, max_tokens, (), time)
         instance.add_request(request)
@@ -185,7 +185,7 @@ class _Simulation:
             return
         # Prefill done: the decode side admits it with the prompt's KV present (num_computed_tokens = prompt_len).
         transfer = KV_TRANSFER_LATENCY_S + w.prompt_len * self.kv_bytes_per_token / self.transfer_bytes_per_s
-        target = self.back_router.pick()
+        target = self.back_balancer.pick()
         handed = Request(request.request_id, request.prompt_token_ids, self.params, w.output_len, (), request.arrival_time)
         handed.output_token_ids = list(request.output_token_ids)
         handed.num_computed_tokens = w.prompt_len

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from servelab.lab.catalog import DeviceSpec, ModelSpec
-from servelab.lab.decisions import explain_decisions
-from servelab.lab.deployment import Deployment, plan_memory
-from servelab.lab.evaluate import Evaluation, Targets, evaluate
-from servelab.lab.workload import SampledRequest
+from servelab.specs import DeviceSpec, ModelSpec
+from servelab.lab.analysis.decisions import explain_decisions
+from servelab.lab.sim.deployment import Deployment, plan_memory
+from servelab.lab.analysis.evaluate import Evaluation, Targets, evaluate
+from servelab.workload import SampledRequest
 
 TP_DEGREES = (1, 2, 4, 8)
 DEFAULT_MAX_GPUS = 64

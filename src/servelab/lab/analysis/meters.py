@@ -7,7 +7,7 @@ from bisect import bisect_right
 import numpy as np
 
 from servelab.metrics.request_stats import RequestTiming
-from servelab.lab.simulate import SimulationResult
+from servelab.lab.sim.simulate import SimulationResult
 
 KV_PRESSURE = 0.90  # peak share of the block pool in use
 WEIGHTS_SHARE_LIMIT = 0.75  # weights leave too little of a GPU for KV

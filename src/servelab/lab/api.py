@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import argparse
 
-from servelab.lab.advisor import Advice, advise
+from servelab.lab.analysis.advisor import Advice, advise
 from servelab.lab.cli import deployment_from_args, print_json, workload_from_args, workload_json
-from servelab.lab.evaluate import Evaluation, Targets, evaluate
-from servelab.lab.report import format_evaluation
-from servelab.lab.sweep import parse_values, plot_sweep, run_sweep
-from servelab.lab.workload import WorkloadConfig, describe, generate_workload
+from servelab.lab.analysis.evaluate import Evaluation, Targets, evaluate
+from servelab.lab.analysis.report import format_evaluation
+from servelab.lab.analysis.sweep import parse_values, plot_sweep, run_sweep
+from servelab.workload import WorkloadConfig, describe, generate_workload
 
 DOES_NOT_FIT = 1
 

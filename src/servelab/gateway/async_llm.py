@@ -1,4 +1,4 @@
-"""AsyncEngine: an LLMEngine stepped by one background thread, bridged to asyncio.
+"""AsyncLLM: an LLMEngine stepped by one background thread, bridged to asyncio.
 
 The engine thread is the only writer of engine state. Adds and aborts from the event loop go into an
 inbox that the thread drains between steps; when nothing is queued or running it sleeps on a
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 from servelab.gateway.request_stream import RequestStream
-from servelab.llm_engine import LLMEngine, PromptType
+from servelab.engine.llm_engine import LLMEngine, PromptType
 from servelab.metrics.events import EngineEvents, EngineState, FinishedRequest, StepSample
 from servelab.metrics.request_stats import RequestTiming
 from servelab.outputs import RequestOutput
@@ -64,7 +64,7 @@ class _Tracked:
     token_times: list[list[float]] = field(default_factory=list)
 
 
-class AsyncEngine:
+class AsyncLLM:
     def __init__(self, engine: LLMEngine, on_events: Callable[[EngineEvents], None] | None = None) -> None:
         self.engine = engine
         self._on_events = on_events

@@ -34,11 +34,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import gc
     import json
 
-    from servelab.lab.calibration import fit_steps
-    from servelab.lab.profile import save_cpu_profile
-    from servelab.lab.profiler import build_profile, measure_steps
-    from servelab.lab.serving_overhead import measure_serving_overhead
-    from servelab.llm_engine import LLMEngine
+    from servelab.lab.calibrate.fit import fit_steps
+    from servelab.lab.catalog.cpu_profile import save_cpu_profile
+    from servelab.lab.calibrate.step_timing import build_profile, measure_steps
+    from servelab.lab.calibrate.serving_overhead import measure_serving_overhead
+    from servelab.engine.llm_engine import LLMEngine
 
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")

@@ -44,9 +44,9 @@ def add_validate_parser(sub) -> None:
 
 
 def simulated_metrics(profile, spec, stage: str, max_num_seqs: int, config) -> dict:
-    from servelab.lab.deployment import Deployment
-    from servelab.lab.evaluate import evaluate
-    from servelab.lab.workload import generate_workload
+    from servelab.lab.sim.deployment import Deployment
+    from servelab.lab.analysis.evaluate import evaluate
+    from servelab.workload import generate_workload
 
     deployment = Deployment(model=spec, device=profile.device, num_gpus=1, schedule=stage,
                             max_num_seqs=max_num_seqs, max_num_batched_tokens=profile.max_num_batched_tokens,
@@ -90,8 +90,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from servelab.bench.results import markdown_table, write_results
     from servelab.bench.serve import requests_from_args, workload_from_args
     from servelab.bench.stages import STAGE_LABELS, parse_stages, run_stage
-    from servelab.lab.profile import load_cpu_profile, profile_path
-    from servelab.lab.profile_command import profiled_model_spec
+    from servelab.lab.catalog.cpu_profile import load_cpu_profile, profile_path
+    from servelab.lab.calibrate.profile_run import profiled_model_spec
 
     if not 0 < args.tolerance < 1:
         raise ValueError(f"--tolerance must be in (0, 1), got {args.tolerance}")

@@ -20,9 +20,10 @@ from typing import Callable
 from servelab.core.block_manager import BlockManager
 from servelab.core.plan import ScheduledRequest, StepPlan
 from servelab.executor.cost_model import Efficiency
-from servelab.lab.calibration import StepFit, StepSample, StepShape, step_sample
-from servelab.lab.catalog import DTYPE_BYTES, LOCAL_CPU, DeviceSpec, ModelSpec
-from servelab.lab.profile import CpuProfile, model_shape
+from servelab.lab.calibrate.fit import StepFit, StepSample, StepShape, step_sample
+from servelab.lab.catalog import LOCAL_CPU
+from servelab.specs import DTYPE_BYTES, DeviceSpec, ModelSpec
+from servelab.lab.catalog.cpu_profile import CpuProfile, model_shape
 from servelab.sampling_params import SamplingParams
 
 DECODE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)

@@ -4,9 +4,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from servelab.lab.deployment import Deployment
-from servelab.lab.evaluate import Evaluation, Targets, evaluate
-from servelab.lab.workload import WorkloadConfig, generate_workload
+from servelab.lab.sim.deployment import Deployment
+from servelab.lab.analysis.evaluate import Evaluation, Targets, evaluate
+from servelab.workload import WorkloadConfig, generate_workload
 
 # flag name -> (which config, field, type)
 SWEEPABLE = {

@@ -1,8 +1,8 @@
 """Text rendering of a lab evaluation: the meters table and the load generator's metric lines."""
 from __future__ import annotations
 
-from servelab.lab.catalog import GIB
-from servelab.lab.evaluate import Evaluation
+from servelab.specs import GIB
+from servelab.lab.analysis.evaluate import Evaluation
 
 BOTTLENECK = "<- bottleneck"
 

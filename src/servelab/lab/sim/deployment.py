@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from servelab.config import SCHEDULE_POLICIES, SchedulerConfig
 from servelab.executor.cost_model import GPU_EFFICIENCY, CostModel, Efficiency
-from servelab.lab.catalog import DTYPE_BYTES, GIB, DeviceSpec, ModelSpec
+from servelab.specs import DTYPE_BYTES, GIB, DeviceSpec, ModelSpec
 
 ROUTERS = ("round-robin", "least-loaded")
 # vLLM's defaults on a datacenter GPU: --gpu-memory-utilization 0.9, max_num_seqs 256 and a chunked-prefill

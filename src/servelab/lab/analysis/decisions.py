@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from servelab.lab.catalog import GIB
-from servelab.lab.deployment import plan_memory
-from servelab.lab.evaluate import Evaluation, Targets, evaluate
-from servelab.lab.workload import SampledRequest
+from servelab.specs import GIB
+from servelab.lab.sim.deployment import plan_memory
+from servelab.lab.analysis.evaluate import Evaluation, Targets, evaluate
+from servelab.workload import SampledRequest
 
 
 def _ttft(e: Evaluation) -> str:

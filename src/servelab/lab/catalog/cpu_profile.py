@@ -29,7 +29,9 @@ from pathlib import Path
 
 from servelab.executor.cost_model import Efficiency
 from servelab.executor.curve import PiecewiseLinear
-from servelab.lab.catalog import LOCAL_CPU, DeviceSpec, ModelSpec
+from servelab.specs import DeviceSpec, ModelSpec
+
+LOCAL_CPU = "local-cpu"
 
 PROFILE_FORMAT = "servelab-lab-cpu-profile"
 PROFILE_VERSION = 2

@@ -86,10 +86,14 @@ def run_serve(args: argparse.Namespace) -> int:
     # (large batches lose ~5%). The user's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logger.info("loading %s", model or DEFAULT_SERVED_MODEL_NAME)
-    from servelab.llm_engine import LLMEngine
+    from servelab.engine.llm_engine import LLMEngine
 
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
     from servelab.gateway.server import serve
+    from servelab.lab.web.routes import build_lab_router
 
-    serve(engine, config, model_path=model, log_level=args.log_level)
+    # The lab page and its API never touch the model: outside /v1, so no API key (like /health).
+    lab = build_lab_router(live_engine={"metrics_stream": "/v1/metrics/stream",
+                                        "needs_api_key": config.protect_metrics and bool(config.api_keys)})
+    serve(engine, config, model_path=model, log_level=args.log_level, routers=(lab,))
     return 0

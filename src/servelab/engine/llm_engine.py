@@ -18,7 +18,7 @@ from servelab.engine_args import EngineArgs
 from servelab.executor.model_executor import ModelExecutor
 from servelab.model.loader import DEFAULT_MODEL, load_model_config, resolve_dtype, resolve_model_path
 from servelab.model.tokenizer import Tokenizer
-from servelab.output_processor import OutputProcessor
+from servelab.engine.output_processor import OutputProcessor
 from servelab.outputs import RequestOutput
 from servelab.sampling_params import SamplingParams
 

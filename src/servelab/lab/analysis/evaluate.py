@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servelab.lab.deployment import Deployment
-from servelab.lab.meters import compute_meters, request_timings
+from servelab.lab.sim.deployment import Deployment
+from servelab.lab.analysis.meters import compute_meters, request_timings
 from servelab.metrics.request_stats import compute_metrics
-from servelab.lab.simulate import DoesNotFit, SimulationResult, simulate
-from servelab.lab.workload import SampledRequest
+from servelab.lab.sim.simulate import DoesNotFit, SimulationResult, simulate
+from servelab.workload import SampledRequest
 
 
 @dataclass(frozen=True)

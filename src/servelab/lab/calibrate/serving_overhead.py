@@ -20,7 +20,7 @@ from typing import Callable
 
 from servelab.engine_args import EngineArgs
 from servelab.executor.curve import PiecewiseLinear
-from servelab.lab.calibration import StepFit, step_sample
+from servelab.lab.calibrate.fit import StepFit, step_sample
 
 CONCURRENCIES = (1, 4, 16, 32)
 PROMPT_LEN, OUTPUT_LEN = 32, 48
@@ -49,7 +49,7 @@ def measure_serving_overhead(args: EngineArgs, fit: StepFit, concurrencies: tupl
     from servelab.bench.loadgen import ClientConfig, first_model_id
     from servelab.bench.serve import run_benchmark
     from servelab.bench.stages import ServelabServer
-    from servelab.lab.workload import WorkloadConfig
+    from servelab.workload import WorkloadConfig
 
     concurrencies = tuple(c for c in concurrencies if c <= args.max_num_seqs)
     tokenizer = load_tokenizer(args.model)

@@ -1,16 +1,12 @@
-"""GPU and model catalogs (data/gpus.json, data/models.json, each entry with its public source), and
-the numbers derived from them: parameter count, weight bytes, KV bytes per token, FLOPs per token."""
+"""Torch-free specs: a model's shape from its config.json (parameters, weight bytes, KV bytes per token,
+FLOPs per token, MoE active vs total) and a device's peak figures. The real engine, the cost model, the
+profiler and calibration all read these; nothing else parses config.json."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 
-DATA_DIR = Path(__file__).parent / "data"
 GIB = 1 << 30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
-LOCAL_CPU = "local-cpu"
 
 
 @dataclass(frozen=True)
@@ -121,51 +117,3 @@ class ModelSpec:
         matmul_params = self.num_hidden_layers * (
             self.attention_params_per_layer + self.num_experts_per_tok * self.expert_params + self.router_params_per_layer)
         return 2 * (matmul_params + self.vocab_size * self.hidden_size)
-
-
-@cache
-def _load(name: str) -> dict:
-    with open(DATA_DIR / name) as f:
-        return {k: v for k, v in json.load(f).items() if not k.startswith("_")}
-
-
-def gpu_ids() -> list[str]:
-    return list(_load("gpus.json"))
-
-
-def model_ids() -> list[str]:
-    return list(_load("models.json"))
-
-
-def get_device(device_id: str) -> DeviceSpec:
-    if device_id == LOCAL_CPU:
-        from servelab.lab.profile import load_cpu_profile
-        return load_cpu_profile().device
-    entries = _load("gpus.json")
-    if device_id not in entries:
-        raise ValueError(f"unknown GPU {device_id!r}; choose one of {', '.join(gpu_ids())}, or {LOCAL_CPU}")
-    e = entries[device_id]
-    return DeviceSpec(
-        id=device_id, name=e["name"], flops=e["flops"], memory_bandwidth=e["memory_bandwidth"],
-        memory_bytes=int(e["memory_gib"] * GIB), interconnect=e["interconnect"],
-        interconnect_bandwidth=e["interconnect_bandwidth"], network_bandwidth=e["network_bandwidth"],
-        gpus_per_node=e["gpus_per_node"], source=e["source"],
-    )
-
-
-def get_model(model: str) -> ModelSpec:
-    """A catalog id, or a path to a Hugging Face config.json (or the folder holding one)."""
-    entries = _load("models.json")
-    if model in entries:
-        e = entries[model]
-        return ModelSpec.from_hf_config(e["config"], id=model, name=e["name"], source=e["source"])
-    path = Path(model)
-    if path.is_dir():
-        path = path / "config.json"
-    if not path.is_file():
-        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(model_ids())}, or give a config.json path")
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read {path}: {e}") from None
-    return ModelSpec.from_hf_config(cfg, id=str(model), name=path.parent.name or str(path), source=str(path))

@@ -1,17 +1,17 @@
-"""AsyncEngine against a scripted engine: streaming, aborts, rejected adds, a failing step, no busy spin."""
+"""AsyncLLM against a scripted engine: streaming, aborts, rejected adds, a failing step, no busy spin."""
 import asyncio
 import threading
 
 import pytest
 
 from fakes import FakeEngine
-from servelab.gateway.async_engine import AsyncEngine, EngineDeadError, EngineStepError
+from servelab.gateway.async_llm import AsyncLLM, EngineDeadError, EngineStepError
 from servelab.sampling_params import SamplingParams
 
 
 def run(engine, coro_fn, events=None):
     async def main():
-        async_engine = AsyncEngine(engine, on_events=events.append if events is not None else None)
+        async_engine = AsyncLLM(engine, on_events=events.append if events is not None else None)
         async_engine.start()
         try:
             return await asyncio.wait_for(coro_fn(async_engine), timeout=20)
@@ -129,7 +129,7 @@ def test_idle_engine_thread_sleeps():
 
 def test_requests_after_shutdown_are_refused():
     async def main():
-        ae = AsyncEngine(FakeEngine())
+        ae = AsyncLLM(FakeEngine())
         ae.start()
         ae.shutdown()
         with pytest.raises(EngineDeadError):

@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     EngineArgs.add_cli_args(gen)
     gen.set_defaults(func=_cmd_generate)
 
-    from servelab.gateway.cli import add_serve_parser
+    from servelab.entrypoints.serve import add_serve_parser
     add_serve_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks (results under benchmarks/results/)")
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     from servelab.engine_args import EngineArgs
-    from servelab.llm_engine import LLMEngine
+    from servelab.engine.llm_engine import LLMEngine
     from servelab.sampling_params import SamplingParams
 
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
