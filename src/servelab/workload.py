@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from servelab.errors import check_fields
+
 DATASETS = ("random", "sharegpt-like")
 # vllm bench serve's random-dataset defaults.
 DEFAULT_INPUT_LEN = 1024
@@ -38,20 +40,22 @@ class WorkloadConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        checks = [
-            (self.dataset in DATASETS, f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}"),
-            (self.num_prompts >= 1, f"num_prompts must be >= 1, got {self.num_prompts}"),
-            (self.input_len is None or self.input_len >= 1, f"input_len must be >= 1, got {self.input_len}"),
-            (self.output_len is None or self.output_len >= 1, f"output_len must be >= 1, got {self.output_len}"),
-            (0 <= self.range_ratio < 1, f"range_ratio must be in [0, 1), got {self.range_ratio}"),
-            (self.request_rate > 0, f"request_rate must be > 0 (or inf), got {self.request_rate}"),
-            (self.burstiness > 0, f"burstiness must be > 0, got {self.burstiness}"),
+        check_fields([
+            (self.dataset in DATASETS, f"{{dataset}} must be one of {', '.join(DATASETS)}, got {self.dataset!r}",
+             ("dataset",)),
+            (self.num_prompts >= 1, f"{{num_prompts}} must be >= 1, got {self.num_prompts}", ("num_prompts",)),
+            (self.input_len is None or self.input_len >= 1, f"{{input_len}} must be >= 1, got {self.input_len}",
+             ("input_len",)),
+            (self.output_len is None or self.output_len >= 1, f"{{output_len}} must be >= 1, got {self.output_len}",
+             ("output_len",)),
+            (0 <= self.range_ratio < 1, f"{{range_ratio}} must be in [0, 1), got {self.range_ratio}", ("range_ratio",)),
+            (self.request_rate > 0, f"{{request_rate}} must be > 0 (or inf), got {self.request_rate}",
+             ("request_rate",)),
+            (self.burstiness > 0, f"{{burstiness}} must be > 0, got {self.burstiness}", ("burstiness",)),
             (not (self.dataset == "sharegpt-like" and self.input_len is not None),
-             "sharegpt-like draws prompt lengths from its own distribution; use --dataset random for a fixed --input-len"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+             "sharegpt-like draws prompt lengths from its own distribution; use {dataset} random for a fixed "
+             "{input_len}", ("input_len", "dataset")),
+        ])
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def test_not_fitting_deployment_exit_1_with_numbers(capsys):
     (["simulate", "--ttft-target", "soon"], "500ms"),
     (["simulate", "--disaggregate", "2"], "P:D"),
     (["simulate", "--schedule", "eager"], "--schedule"),
-    (["simulate", "--range-ratio", "1.5"], "range_ratio"),
+    (["simulate", "--range-ratio", "1.5"], "--range-ratio must be in [0, 1)"),
     (["advise", "--num-prompts", "10"], "--ttft-target"),
     (["sweep", "--vary", "colour", "--values", "1"], "--vary"),
 ])

@@ -4,6 +4,8 @@ import sys
 
 import pytest
 
+from servelab.errors import FieldError
+
 from servelab.core import block_manager as core_block_manager
 from servelab.core import scheduler as core_scheduler
 from servelab.lab.sim import instance as lab_instance
@@ -103,9 +105,11 @@ def test_deployment_that_does_not_fit_is_reported_with_numbers():
     assert not e.fits and not e.meets_targets and e.meters["weights"]["share_of_memory"] > 9
 
 
-def test_bad_shapes_are_value_errors():
-    with pytest.raises(ValueError, match="not a multiple of --tp"):
+def test_bad_shapes_are_field_errors():
+    with pytest.raises(FieldError, match="num_gpus 3 is not a multiple of tp 2") as err:
         deployment(num_gpus=3, tensor_parallel_size=2)
+    assert err.value.fields == ("num_gpus", "tp")
+    assert err.value.render(lambda f: "--" + f.replace("_", "-")) == "--num-gpus 3 is not a multiple of --tp 2"
     with pytest.raises(ValueError, match="needs 4 GPUs"):
         deployment(num_gpus=3, num_prefill_instances=1, num_decode_instances=3)
     with pytest.raises(ValueError, match="does not divide"):

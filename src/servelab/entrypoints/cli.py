@@ -39,12 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_parser(bench_sub)
     stages.add_parser(bench_sub)
 
-    try:
-        from servelab.lab.cli import add_lab_parser
-    except ImportError:
-        pass
-    else:
-        add_lab_parser(sub)
+    from servelab.lab.cli import add_lab_parser
+    from servelab.lab.web.server import add_web_parser
+    add_web_parser(add_lab_parser(sub))
     return parser
 
 
@@ -72,13 +69,21 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def flag_message(err: ValueError) -> str:
+    """A FieldError names its fields as this command line's flags."""
+    from servelab.errors import FieldError
+    from servelab.lab.cli import flag_name
+
+    return err.render(flag_name) if isinstance(err, FieldError) else str(err)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0
     except ValueError as exc:
-        print(f"servelab: error: {exc}", file=sys.stderr)
+        print(f"servelab: error: {flag_message(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

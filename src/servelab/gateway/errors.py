@@ -3,20 +3,9 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
+from servelab.errors import OpenAIError
 
-class OpenAIError(Exception):
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.code = code
-        self.param = param
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+__all__ = ["OpenAIError"]  # and the factories below
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:

@@ -1,100 +1,161 @@
-"""The handlers behind `servelab lab simulate | advise | sweep` (argparse Namespace in, exit code out)."""
+"""The lab's typed API: simulate, advise and sweep as functions of frozen request values. `servelab lab ...`
+builds the requests from flags and the /lab page from JSON; both call these and print the same bytes.
+
+Bad input raises servelab.errors.FieldError, naming fields by their names here (`num_gpus`, `tp`,
+`ttft_target_ms`); each front-end renders them in its own vocabulary.
+"""
 from __future__ import annotations
 
-import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from servelab.lab.analysis.advisor import Advice, advise
-from servelab.lab.cli import deployment_from_args, print_json, workload_from_args, workload_json
+from servelab.errors import FieldError
+from servelab.lab.analysis.advisor import DEFAULT_MAX_GPUS, Advice, advise as advise_deployment
 from servelab.lab.analysis.evaluate import Evaluation, Targets, evaluate
-from servelab.lab.analysis.report import format_evaluation
 from servelab.lab.analysis.sweep import parse_values, plot_sweep, run_sweep
+from servelab.lab.catalog import LOCAL_CPU, get_device, get_model
+from servelab.lab.sim.deployment import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, Deployment
 from servelab.workload import WorkloadConfig, describe, generate_workload
 
 DOES_NOT_FIT = 1
 
 
-def _targets(args: argparse.Namespace) -> Targets:
-    return Targets(ttft_ms=args.ttft_target, tpot_ms=args.tpot_target)
+@dataclass(frozen=True)
+class DeploymentRequest:
+    """A deployment as a user describes it; None takes the device's default (vLLM's on a GPU, the profiled
+    engine's settings on local-cpu)."""
+    model: str = "llama-3.1-8b"
+    gpu: str = "h100"
+    dtype: str | None = None
+    num_gpus: int | None = None  # None: one instance's worth
+    tp: int = 1
+    schedule: str = "continuous"
+    disaggregate: tuple[int, int] | None = None  # (prefill, decode) instances
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    router: str = "round-robin"
+
+    def build(self) -> Deployment:
+        model, device = get_model(self.model), get_device(self.gpu)
+        extra = {}
+        if self.gpu == LOCAL_CPU:
+            from servelab.lab.catalog.cpu_profile import load_cpu_profile
+            profile = load_cpu_profile()
+            profile.check_model(model)
+            extra = dict(efficiency=profile.efficiency, kv_cache_bytes=profile.kv_cache_bytes)
+            defaults = (profile.max_num_seqs, profile.max_num_batched_tokens, profile.dtype)
+        else:
+            defaults = (DEFAULT_MAX_NUM_SEQS, DEFAULT_MAX_NUM_BATCHED_TOKENS, "bfloat16")
+        prefill, decode = self.disaggregate or (0, 0)
+        num_gpus = self.num_gpus if self.num_gpus is not None else max(1, prefill + decode) * self.tp
+        return Deployment(
+            model=model, device=device, num_gpus=num_gpus, tensor_parallel_size=self.tp, schedule=self.schedule,
+            num_prefill_instances=prefill, num_decode_instances=decode,
+            max_num_seqs=self.max_num_seqs or defaults[0],
+            max_num_batched_tokens=self.max_num_batched_tokens or defaults[1],
+            block_size=self.block_size, router=self.router, dtype=self.dtype or defaults[2], **extra,
+        )
 
 
-def run_simulate(args: argparse.Namespace) -> tuple[Evaluation, WorkloadConfig]:
-    """`lab simulate` for parsed flags; the lab web page calls this too, so page and command agree."""
-    deployment = deployment_from_args(args)
-    config = workload_from_args(args)
-    return evaluate(deployment, generate_workload(config), _targets(args), multi_step=not args.single_step), config
+@dataclass(frozen=True)
+class TargetsRequest:
+    ttft_target_ms: float | None = None
+    tpot_target_ms: float | None = None
+
+    def build(self) -> Targets:
+        return Targets(ttft_ms=self.ttft_target_ms, tpot_ms=self.tpot_target_ms)
 
 
-def simulate_json(e: Evaluation, config: WorkloadConfig) -> dict:
-    return {**e.to_json(), "workload": workload_json(config)}
+@dataclass(frozen=True)
+class SimulateRequest:
+    deployment: DeploymentRequest = field(default_factory=DeploymentRequest)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    targets: TargetsRequest = field(default_factory=TargetsRequest)
+    multi_step: bool = True  # False prices every step separately (same result, slower)
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
-    e, config = run_simulate(args)
-    if args.json:
-        print_json(simulate_json(e, config))
-    else:
-        print(format_evaluation(e, describe(config)))
-    return 0 if e.fits else DOES_NOT_FIT
+@dataclass(frozen=True)
+class AdviseRequest:
+    deployment: DeploymentRequest = field(default_factory=DeploymentRequest)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    targets: TargetsRequest = field(default_factory=TargetsRequest)
+    max_gpus: int = DEFAULT_MAX_GPUS
 
 
-def run_advise(args: argparse.Namespace) -> tuple[Advice, WorkloadConfig]:
-    """`lab advise` for parsed flags (shared with the lab web page)."""
-    targets = _targets(args)
+@dataclass(frozen=True)
+class SweepRequest:
+    vary: str
+    values: str  # comma-separated
+    deployment: DeploymentRequest = field(default_factory=DeploymentRequest)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    targets: TargetsRequest = field(default_factory=TargetsRequest)
+    meter: str = "p99_ttft_ms"
+    output: Path = Path("lab-sweep.png")
+
+
+@dataclass(frozen=True)
+class SimulateResult:
+    evaluation: Evaluation
+    workload: WorkloadConfig
+
+    def to_json(self) -> dict:
+        return {**self.evaluation.to_json(), "workload": workload_json(self.workload)}
+
+
+@dataclass(frozen=True)
+class AdviseResult:
+    advice: Advice
+    workload: WorkloadConfig
+    targets: Targets
+
+    def to_json(self) -> dict:
+        return {**self.advice.to_json(), "workload": workload_json(self.workload)}
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    points: list[dict]
+    plot: Path
+    title: str
+
+
+def simulate(request: SimulateRequest) -> SimulateResult:
+    deployment = request.deployment.build()
+    e = evaluate(deployment, generate_workload(request.workload), request.targets.build(),
+                 multi_step=request.multi_step)
+    return SimulateResult(e, request.workload)
+
+
+def advise(request: AdviseRequest) -> AdviseResult:
+    targets = request.targets.build()
     if targets.ttft_ms is None:
-        raise ValueError("advise needs --ttft-target (and optionally --tpot-target)")
-    if args.max_gpus < 1:
-        raise ValueError(f"--max-gpus must be >= 1, got {args.max_gpus}")
-    base = deployment_from_args(args)
-    config = workload_from_args(args)
-    return advise(base.model, base.device, generate_workload(config), targets, base=base,
-                  max_gpus=args.max_gpus), config
+        raise FieldError("advise needs {ttft_target_ms} (and optionally {tpot_target_ms})",
+                         "ttft_target_ms", "tpot_target_ms")
+    if request.max_gpus < 1:
+        raise FieldError(f"{{max_gpus}} must be >= 1, got {request.max_gpus}", "max_gpus")
+    base = request.deployment.build()
+    advice = advise_deployment(base.model, base.device, generate_workload(request.workload), targets, base=base,
+                               max_gpus=request.max_gpus)
+    return AdviseResult(advice, request.workload, targets)
 
 
-def advise_json(advice: Advice, config: WorkloadConfig) -> dict:
-    return {**advice.to_json(), "workload": workload_json(config)}
+def sweep(request: SweepRequest) -> SweepResult:
+    values = parse_values(request.vary, request.values)
+    deployment = request.deployment.build()
+    points = run_sweep(deployment, request.workload, request.targets.build(), request.vary, values, request.meter)
+    title = f"{deployment.describe()}\n{describe(request.workload)}"
+    return SweepResult(points, plot_sweep(points, request.vary, request.meter, request.output, title), title)
 
 
-def cmd_advise(args: argparse.Namespace) -> int:
-    advice, config = run_advise(args)
-    targets = _targets(args)
-    if args.json:
-        print_json(advise_json(advice, config))
-        return 0 if advice.recommendation else DOES_NOT_FIT
-    print(f"workload: {describe(config)}; targets: p99 TTFT <= {targets.ttft_ms:g} ms"
-          + (f", p99 TPOT <= {targets.tpot_ms:g} ms" if targets.tpot_ms else ""))
-    rec = advice.recommendation
-    if rec is None:
-        print(f"no deployment of up to {args.max_gpus} {args.gpu} GPUs meets the targets "
-              f"({len(advice.candidates)} shapes simulated)")
-        return DOES_NOT_FIT
-    m = rec.metrics
-    print(f"recommended: {rec.deployment.describe()}")
-    print(f"  p99 TTFT {m['p99_ttft_ms']:,.1f} ms, p99 TPOT {m['p99_tpot_ms']:.1f} ms, "
-          f"{m['output_throughput']:,.0f} output tok/s ({len(advice.candidates)} shapes simulated)")
-    width = max(len(d["decision"]) for d in advice.decisions)
-    for d in advice.decisions:
-        print(f"  {d['decision']:<{width}}  {'taken    ' if d['taken'] else 'not taken'}  {d['why']}")
-    return 0
+def workload_json(config: WorkloadConfig) -> dict:
+    out = dict(config.__dict__)
+    out["request_rate"] = "inf" if math.isinf(config.request_rate) else config.request_rate
+    return out
 
 
-def cmd_sweep(args: argparse.Namespace) -> int:
-    values = parse_values(args.vary, args.values)
-    deployment = deployment_from_args(args)
-    config = workload_from_args(args)
-    points = run_sweep(deployment, config, _targets(args), args.vary, values, args.meter)
-    title = f"{deployment.describe()}\n{describe(config)}"
-    path = plot_sweep(points, args.vary, args.meter, args.output, title)
-    if args.json:
-        for p in points:  # JSON has no inf
-            p[args.vary] = "inf" if p[args.vary] == float("inf") else p[args.vary]
-        print_json({"vary": args.vary, "meter": args.meter, "points": points, "plot": str(path)})
-        return 0
-    print(title)
-    for p in points:
-        value = p[args.meter]
-        shown = "does not fit" if value is None else f"{value:,.3f}"
-        print(f"  {args.vary} {p[args.vary]:<10g} {args.meter} {shown}")
-    print(f"plot: {path}")
-    return 0
-
-
+def format_json(payload: dict) -> str:
+    """The one JSON rendering of a lab answer, shared by `--json` and the web API (byte-identical)."""
+    return json.dumps(payload, indent=2) + "\n"

@@ -1,18 +1,27 @@
-"""`servelab lab simulate | advise | sweep | profile | validate | web`. The deployment flags are the real engine's
-names, the workload flags the load generator's (`vllm bench serve`'s)."""
+"""`servelab lab simulate | advise | sweep | profile | validate | web`: flags -> the typed lab API (lab/api.py).
+The deployment flags are the real engine's names, the workload flags the load generator's (`vllm bench serve`'s);
+defaults come from the API's request values, so the command and the web page agree."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
 from pathlib import Path
 
 from servelab.config import SCHEDULE_POLICIES
-from servelab.lab.catalog import LOCAL_CPU, get_device, get_model, gpu_ids, model_ids
-from servelab.lab.sim.deployment import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, ROUTERS, Deployment
+from servelab.errors import FieldError
+from servelab.lab.api import DeploymentRequest, TargetsRequest
+from servelab.lab.catalog import LOCAL_CPU, gpu_ids, model_ids
+from servelab.lab.sim.deployment import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, ROUTERS
 from servelab.workload import DATASETS, WorkloadConfig
+
+# API field -> flag, where the flag is not the field with dashes
+_FLAGS = {"ttft_target_ms": "--ttft-target", "tpot_target_ms": "--tpot-target"}
+
+
+def flag_name(field: str) -> str:
+    return _FLAGS.get(field, "--" + field.replace("_", "-"))
 
 
 class LabArgumentParser(argparse.ArgumentParser):
@@ -38,50 +47,51 @@ def split_ratio(text: str) -> tuple[int, int]:
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="llama-3.1-8b",
+    p.add_argument("--model", default=DeploymentRequest.model,
                    help=f"catalog id ({', '.join(model_ids())}) or a Hugging Face config.json path")
-    p.add_argument("--gpu", default="h100", help=f"catalog id ({', '.join(gpu_ids())}) or {LOCAL_CPU}")
+    p.add_argument("--gpu", default=DeploymentRequest.gpu, help=f"catalog id ({', '.join(gpu_ids())}) or {LOCAL_CPU}")
     p.add_argument("--dtype", default=None, help="bfloat16 (default on GPUs), float16, float32 or fp8")
 
 
 def _add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-gpus", type=int, default=None, help="default: one instance's worth")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of each instance")
-    p.add_argument("--schedule", choices=SCHEDULE_POLICIES, default="continuous")
+    p.add_argument("--tp", type=int, default=DeploymentRequest.tp, help="tensor-parallel degree of each instance")
+    p.add_argument("--schedule", choices=SCHEDULE_POLICIES, default=DeploymentRequest.schedule)
     p.add_argument("--disaggregate", type=split_ratio, default=None, metavar="P:D",
                    help="P prefill and D decode instances instead of replicas")
     p.add_argument("--max-num-seqs", type=int, default=None, help=f"default {DEFAULT_MAX_NUM_SEQS} (vLLM's)")
     p.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help=f"per-step token budget, default {DEFAULT_MAX_NUM_BATCHED_TOKENS}")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--router", choices=ROUTERS, default="round-robin")
+    p.add_argument("--block-size", type=int, default=DeploymentRequest.block_size)
+    p.add_argument("--router", choices=ROUTERS, default=DeploymentRequest.router)
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", choices=DATASETS, default="random")
+    p.add_argument("--dataset", choices=DATASETS, default=WorkloadConfig.dataset)
     p.add_argument("--input-len", type=int, default=None, help="random dataset, default 1024")
     p.add_argument("--output-len", type=int, default=None, help="default 128 (random)")
-    p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [len*(1-r), len*(1+r)]")
-    p.add_argument("--request-rate", type=float, default=math.inf, help="requests/s; inf sends all at once")
-    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1 = Poisson")
-    p.add_argument("--num-prompts", type=int, default=1000)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--range-ratio", type=float, default=WorkloadConfig.range_ratio, help="lengths uniform in [len*(1-r), len*(1+r)]")
+    p.add_argument("--request-rate", type=float, default=WorkloadConfig.request_rate, help="requests/s; inf sends all at once")
+    p.add_argument("--burstiness", type=float, default=WorkloadConfig.burstiness, help="gamma shape of arrival gaps; 1 = Poisson")
+    p.add_argument("--num-prompts", type=int, default=WorkloadConfig.num_prompts)
+    p.add_argument("--seed", type=int, default=WorkloadConfig.seed)
     p.add_argument("--ttft-target", type=duration_ms, default=None, metavar="DURATION", help="e.g. 500ms or 0.5s")
     p.add_argument("--tpot-target", type=duration_ms, default=None, metavar="DURATION", help="e.g. 50ms")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
 
 
-def add_lab_parser(subparsers) -> argparse.ArgumentParser:
+def add_lab_parser(subparsers):
+    """`servelab lab ...`; returns the lab's subcommands, where the entry point adds `web` (a sibling front-end)."""
     lab = subparsers.add_parser("lab", help="simulate serving deployments of datacenter GPUs on a virtual clock")
-    _add_lab_commands(lab.add_subparsers(dest="lab_command", required=True, parser_class=LabArgumentParser))
-    return lab
+    commands = lab.add_subparsers(dest="lab_command", required=True, parser_class=LabArgumentParser)
+    _add_lab_commands(commands)
+    return commands
 
 
 def _handler(name: str):
-    """Import the command modules only when a lab command runs, not when `servelab` builds its parser."""
+    """The command modules load only when a lab command runs, not when `servelab` builds its parser."""
     def run(args: argparse.Namespace) -> int:
-        from servelab.lab import api as commands
-        return getattr(commands, name)(args)
+        return globals()[name](args)
     return run
 
 
@@ -118,16 +128,6 @@ def _add_lab_commands(sub) -> None:
     add_profile_parser(sub)
     add_validate_parser(sub)
 
-    web = sub.add_parser("web", help="serve the lab page and its API alone, without loading a model")
-    web.add_argument("--host", default="127.0.0.1")
-    web.add_argument("--port", type=int, default=8000, help="0: any free port (the banner prints it)")
-    web.set_defaults(func=_run_web)
-
-
-def _run_web(args: argparse.Namespace) -> int:
-    from servelab.lab.web.server import serve_lab
-    return serve_lab(args.host, args.port)
-
 
 def build_lab_parser(parser_class: type[argparse.ArgumentParser] = LabArgumentParser) -> argparse.ArgumentParser:
     parser = parser_class(prog="servelab lab", description=__doc__)
@@ -135,45 +135,88 @@ def build_lab_parser(parser_class: type[argparse.ArgumentParser] = LabArgumentPa
     return parser
 
 
-def deployment_from_args(args: argparse.Namespace) -> Deployment:
-    model, device = get_model(args.model), get_device(args.gpu)
-    extra = {}
-    if args.gpu == LOCAL_CPU:
-        from servelab.lab.catalog.cpu_profile import load_cpu_profile
-        profile = load_cpu_profile()
-        profile.check_model(model)
-        extra = dict(efficiency=profile.efficiency, kv_cache_bytes=profile.kv_cache_bytes)
-        defaults = (profile.max_num_seqs, profile.max_num_batched_tokens, profile.dtype)
-    else:
-        defaults = (DEFAULT_MAX_NUM_SEQS, DEFAULT_MAX_NUM_BATCHED_TOKENS, "bfloat16")
-    prefill, decode = args.disaggregate or (0, 0)
-    num_gpus = args.num_gpus if args.num_gpus is not None else max(1, prefill + decode) * args.tp
-    return Deployment(
-        model=model, device=device, num_gpus=num_gpus, tensor_parallel_size=args.tp, schedule=args.schedule,
-        num_prefill_instances=prefill, num_decode_instances=decode,
-        max_num_seqs=args.max_num_seqs or defaults[0], max_num_batched_tokens=args.max_num_batched_tokens or defaults[1],
-        block_size=args.block_size, router=args.router, dtype=args.dtype or defaults[2], **extra,
-    )
+def deployment_request(args: argparse.Namespace) -> DeploymentRequest:
+    return DeploymentRequest(
+        model=args.model, gpu=args.gpu, dtype=args.dtype, num_gpus=args.num_gpus, tp=args.tp, schedule=args.schedule,
+        disaggregate=args.disaggregate, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size, router=args.router)
 
 
-def workload_from_args(args: argparse.Namespace) -> WorkloadConfig:
+def workload_config(args: argparse.Namespace) -> WorkloadConfig:
     return WorkloadConfig(dataset=args.dataset, num_prompts=args.num_prompts, input_len=args.input_len,
                           output_len=args.output_len, range_ratio=args.range_ratio, request_rate=args.request_rate,
                           burstiness=args.burstiness, seed=args.seed)
 
 
-def workload_json(config: WorkloadConfig) -> dict:
-    out = dict(config.__dict__)
-    out["request_rate"] = "inf" if math.isinf(config.request_rate) else config.request_rate
-    return out
+def targets_request(args: argparse.Namespace) -> TargetsRequest:
+    return TargetsRequest(ttft_target_ms=args.ttft_target, tpot_target_ms=args.tpot_target)
 
 
-def format_json(payload: dict) -> str:
-    return json.dumps(payload, indent=2) + "\n"
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from servelab.lab import api
+    from servelab.lab.analysis.report import format_evaluation
+    from servelab.workload import describe
+
+    result = api.simulate(api.SimulateRequest(deployment_request(args), workload_config(args), targets_request(args),
+                                              multi_step=not args.single_step))
+    if args.json:
+        sys.stdout.write(api.format_json(result.to_json()))
+    else:
+        print(format_evaluation(result.evaluation, describe(result.workload)))
+    return 0 if result.evaluation.fits else api.DOES_NOT_FIT
 
 
-def print_json(payload: dict) -> None:
-    sys.stdout.write(format_json(payload))
+def cmd_advise(args: argparse.Namespace) -> int:
+    from servelab.lab import api
+    from servelab.workload import describe
+
+    result = api.advise(api.AdviseRequest(deployment_request(args), workload_config(args), targets_request(args),
+                                          max_gpus=args.max_gpus))
+    advice, targets = result.advice, result.targets
+    if args.json:
+        sys.stdout.write(api.format_json(result.to_json()))
+        return 0 if advice.recommendation else api.DOES_NOT_FIT
+    print(f"workload: {describe(result.workload)}; targets: p99 TTFT <= {targets.ttft_ms:g} ms"
+          + (f", p99 TPOT <= {targets.tpot_ms:g} ms" if targets.tpot_ms else ""))
+    rec = advice.recommendation
+    if rec is None:
+        print(f"no deployment of up to {args.max_gpus} {args.gpu} GPUs meets the targets "
+              f"({len(advice.candidates)} shapes simulated)")
+        return api.DOES_NOT_FIT
+    m = rec.metrics
+    print(f"recommended: {rec.deployment.describe()}")
+    print(f"  p99 TTFT {m['p99_ttft_ms']:,.1f} ms, p99 TPOT {m['p99_tpot_ms']:.1f} ms, "
+          f"{m['output_throughput']:,.0f} output tok/s ({len(advice.candidates)} shapes simulated)")
+    width = max(len(d["decision"]) for d in advice.decisions)
+    for d in advice.decisions:
+        print(f"  {d['decision']:<{width}}  {'taken    ' if d['taken'] else 'not taken'}  {d['why']}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from servelab.lab import api
+
+    result = api.sweep(api.SweepRequest(args.vary, args.values, deployment_request(args), workload_config(args),
+                                        targets_request(args), meter=args.meter, output=args.output))
+    points = result.points
+    if args.json:
+        for p in points:  # JSON has no inf
+            p[args.vary] = "inf" if p[args.vary] == math.inf else p[args.vary]
+        sys.stdout.write(api.format_json({"vary": args.vary, "meter": args.meter, "points": points,
+                                          "plot": str(result.plot)}))
+        return 0
+    print(result.title)
+    for p in points:
+        value = p[args.meter]
+        shown = "does not fit" if value is None else f"{value:,.3f}"
+        print(f"  {args.vary} {p[args.vary]:<10g} {args.meter} {shown}")
+    print(f"plot: {result.plot}")
+    return 0
+
+
+def error_message(err: ValueError) -> str:
+    """A FieldError names the fields as flags; any other ValueError says what it says."""
+    return err.render(flag_name) if isinstance(err, FieldError) else str(err)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except ValueError as err:
-        sys.stderr.write(f"servelab lab {args.lab_command}: error: {err}\n")
+        sys.stderr.write(f"servelab lab {args.lab_command}: error: {error_message(err)}\n")
         return 2
 
 

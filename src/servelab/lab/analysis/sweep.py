@@ -7,6 +7,7 @@ from pathlib import Path
 from servelab.lab.sim.deployment import Deployment
 from servelab.lab.analysis.evaluate import Evaluation, Targets, evaluate
 from servelab.workload import WorkloadConfig, generate_workload
+from servelab.errors import FieldError
 
 # flag name -> (which config, field, type)
 SWEEPABLE = {
@@ -31,21 +32,21 @@ def read_meter(e: Evaluation, name: str) -> float | None:
     else:
         value = e.metrics.get(name)
     if value is None or isinstance(value, (list, dict, bool)):
-        raise ValueError(f"--meter {name!r} is not a number the lab reports; try p99_ttft_ms, output_throughput, "
-                         "kv_cache.peak_usage or batch_slots.mean_saturation")
+        raise FieldError(f"{{meter}} {name!r} is not a number the lab reports; try p99_ttft_ms, output_throughput, "
+                         "kv_cache.peak_usage or batch_slots.mean_saturation", "meter")
     return float(value)
 
 
 def parse_values(vary: str, text: str) -> list:
     if vary not in SWEEPABLE:
-        raise ValueError(f"--vary must be one of {', '.join(SWEEPABLE)}")
+        raise FieldError(f"{{vary}} must be one of {', '.join(SWEEPABLE)}", "vary")
     kind = SWEEPABLE[vary][2]
     try:
         values = [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise ValueError(f"--values must be a comma-separated list of {kind.__name__}s, got {text!r}") from None
+        raise FieldError(f"{{values}} must be a comma-separated list of {kind.__name__}s, got {text!r}", "values") from None
     if not values:
-        raise ValueError("--values is empty")
+        raise FieldError("{values} is empty", "values")
     return values
 
 

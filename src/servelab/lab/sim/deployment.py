@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from servelab.config import SCHEDULE_POLICIES, SchedulerConfig
+from servelab.errors import check_fields
 from servelab.executor.cost_model import GPU_EFFICIENCY, CostModel, Efficiency
 from servelab.specs import DTYPE_BYTES, GIB, DeviceSpec, ModelSpec
 
@@ -40,28 +41,31 @@ class Deployment:
     def __post_init__(self) -> None:
         tp, m = self.tensor_parallel_size, self.model
         p, d = self.num_prefill_instances, self.num_decode_instances
-        checks = [
-            (self.schedule in SCHEDULE_POLICIES, f"--schedule must be one of {', '.join(SCHEDULE_POLICIES)}"),
-            (self.router in ROUTERS, f"--router must be one of {', '.join(ROUTERS)}"),
-            (self.dtype in DTYPE_BYTES, f"--dtype must be one of {', '.join(DTYPE_BYTES)}"),
-            (tp >= 1 and self.num_gpus >= 1, "--tp and --num-gpus must be >= 1"),
-            (self.num_gpus % tp == 0, f"--num-gpus {self.num_gpus} is not a multiple of --tp {tp}"),
+        check_fields([
+            (self.schedule in SCHEDULE_POLICIES, f"{{schedule}} must be one of {', '.join(SCHEDULE_POLICIES)}",
+             ("schedule",)),
+            (self.router in ROUTERS, f"{{router}} must be one of {', '.join(ROUTERS)}", ("router",)),
+            (self.dtype in DTYPE_BYTES, f"{{dtype}} must be one of {', '.join(DTYPE_BYTES)}", ("dtype",)),
+            (tp >= 1 and self.num_gpus >= 1, "{tp} and {num_gpus} must be >= 1", ("tp", "num_gpus")),
+            (self.num_gpus % tp == 0, f"{{num_gpus}} {self.num_gpus} is not a multiple of {{tp}} {tp}",
+             ("num_gpus", "tp")),
             (m.num_attention_heads % tp == 0,
-             f"--tp {tp} does not divide {m.name}'s {m.num_attention_heads} attention heads"),
+             f"{{tp}} {tp} does not divide {m.name}'s {m.num_attention_heads} attention heads", ("tp",)),
             (m.num_key_value_heads % tp == 0 or tp % m.num_key_value_heads == 0,
-             f"--tp {tp} neither divides nor is a multiple of {m.name}'s {m.num_key_value_heads} KV heads"),
-            (tp <= self.device.gpus_per_node, f"--tp {tp} spans more than one {self.device.id} node "
-             f"({self.device.gpus_per_node} devices); tensor parallelism needs the intra-node link"),
-            ((p == 0) == (d == 0), "--disaggregate needs at least one prefill and one decode instance"),
+             f"{{tp}} {tp} neither divides nor is a multiple of {m.name}'s {m.num_key_value_heads} KV heads", ("tp",)),
+            (tp <= self.device.gpus_per_node, f"{{tp}} {tp} spans more than one {self.device.id} node "
+             f"({self.device.gpus_per_node} devices); tensor parallelism needs the intra-node link", ("tp",)),
+            ((p == 0) == (d == 0), "{disaggregate} needs at least one prefill and one decode instance",
+             ("disaggregate",)),
             (p == 0 or (p + d) * tp == self.num_gpus,
-             f"--disaggregate {p}:{d} with --tp {tp} needs {(p + d) * tp} GPUs, not --num-gpus {self.num_gpus}"),
-            (p == 0 or self.schedule == "continuous", "--disaggregate runs continuous batching on each side"),
+             f"{{disaggregate}} {p}:{d} with {{tp}} {tp} needs {(p + d) * tp} GPUs, not {{num_gpus}} {self.num_gpus}",
+             ("disaggregate", "tp", "num_gpus")),
+            (p == 0 or self.schedule == "continuous", "{disaggregate} runs continuous batching on each side",
+             ("disaggregate", "schedule")),
             (self.max_num_seqs >= 1 and self.max_num_batched_tokens >= 1 and self.block_size >= 1,
-             "--max-num-seqs, --max-num-batched-tokens and --block-size must be >= 1"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+             "{max_num_seqs}, {max_num_batched_tokens} and {block_size} must be >= 1",
+             ("max_num_seqs", "max_num_batched_tokens", "block_size")),
+        ])
 
     @property
     def disaggregated(self) -> bool:

@@ -1,17 +1,17 @@
-"""The lab API's JSON body -> the argparse Namespace `servelab lab simulate | advise` would build from the
-same flags, so the page runs the command's own code path. Every bad value is a LabInputError naming the
-JSON field."""
+"""The lab web API's JSON body -> the typed request (lab/api.py) that `servelab lab simulate | advise` builds
+from the same flags, so the page runs the command's own code path. Every bad value is a LabInputError naming
+the JSON field."""
 from __future__ import annotations
 
-import argparse
 import math
-import re
+from dataclasses import fields as dataclass_fields, replace
 from numbers import Real
 
 from servelab.config import SCHEDULE_POLICIES
 from servelab.lab.catalog import LOCAL_CPU, gpu_ids, model_ids
-from servelab.lab.cli import build_lab_parser, split_ratio, workload_from_args
-from servelab.workload import DATASETS, generate_workload
+from servelab.errors import FieldError
+from servelab.lab.api import AdviseRequest, DeploymentRequest, SimulateRequest, TargetsRequest
+from servelab.workload import DATASETS, WorkloadConfig, generate_workload
 
 # Bounds that keep one simulation to seconds on a shared machine (the CLI has none).
 MAX_NUM_PROMPTS = 5000
@@ -33,11 +33,6 @@ class LabInputError(ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
-
-
-class _RaisingParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        raise LabInputError(message)
 
 
 def _int(field: str, value, low: int, high: int | None = None) -> int:
@@ -88,12 +83,11 @@ def _range_ratio(field: str, value) -> float:
 
 
 def _disaggregate(field: str, value) -> tuple[int, int]:
-    if not isinstance(value, str):
-        raise LabInputError(f"{field} must be a string like \"1:3\" or null, got {value!r}", field)
-    try:
-        return split_ratio(value)
-    except argparse.ArgumentTypeError as err:
-        raise LabInputError(f"{field}: {err}", field) from None
+    parts = value.split(":") if isinstance(value, str) else []
+    if len(parts) != 2 or not all(part.strip().isdigit() and int(part) >= 1 for part in parts):
+        raise LabInputError(f'{field} must be a string like "1:3" (P:D, prefill and decode instances, each >= 1) or null, got {value!r}',
+                            field)
+    return int(parts[0]), int(parts[1])
 
 
 def _gpu(field: str, value) -> str:
@@ -107,55 +101,65 @@ def _gpu(field: str, value) -> str:
     return value
 
 
-# JSON field -> (Namespace attribute, check). Catalog ids only: the web API never opens a path it is given.
-_COMMON = {
-    "model": ("model", lambda f, v: _choice(f, v, model_ids())),
-    "gpu": ("gpu", _gpu),
-    "max_num_seqs": ("max_num_seqs", _optional(lambda f, v: _int(f, v, 1, MAX_NUM_SEQS))),
-    "dataset": ("dataset", lambda f, v: _choice(f, v, DATASETS)),
-    "num_prompts": ("num_prompts", lambda f, v: _int(f, v, 1, MAX_NUM_PROMPTS)),
-    "input_len": ("input_len", _optional(lambda f, v: _int(f, v, 1, MAX_INPUT_LEN))),
-    "output_len": ("output_len", _optional(lambda f, v: _int(f, v, 1, MAX_OUTPUT_LEN))),
-    "range_ratio": ("range_ratio", _range_ratio),
-    "request_rate": ("request_rate", _request_rate),
-    "burstiness": ("burstiness", _positive),
-    "seed": ("seed", lambda f, v: _int(f, v, 0)),
-    "ttft_target_ms": ("ttft_target", _optional(_positive)),
-    "tpot_target_ms": ("tpot_target", _optional(_positive)),
+# JSON field -> check. The names are the typed API's fields. Catalog ids only: the web API never opens a path it
+# is given.
+_DEPLOYMENT = {
+    "model": lambda f, v: _choice(f, v, model_ids()),
+    "gpu": _gpu,
+    "max_num_seqs": _optional(lambda f, v: _int(f, v, 1, MAX_NUM_SEQS)),
+}
+_WORKLOAD = {
+    "dataset": lambda f, v: _choice(f, v, DATASETS),
+    "num_prompts": lambda f, v: _int(f, v, 1, MAX_NUM_PROMPTS),
+    "input_len": _optional(lambda f, v: _int(f, v, 1, MAX_INPUT_LEN)),
+    "output_len": _optional(lambda f, v: _int(f, v, 1, MAX_OUTPUT_LEN)),
+    "range_ratio": _range_ratio,
+    "request_rate": _request_rate,
+    "burstiness": _positive,
+    "seed": lambda f, v: _int(f, v, 0),
+}
+_TARGETS = {"ttft_target_ms": _optional(_positive), "tpot_target_ms": _optional(_positive)}
+_SIMULATE_ONLY = {
+    "num_gpus": _optional(lambda f, v: _int(f, v, 1, MAX_NUM_GPUS)),
+    "tp": lambda f, v: _int(f, v, 1),
+    "schedule": lambda f, v: _choice(f, v, SCHEDULE_POLICIES),
+    "disaggregate": _optional(_disaggregate),
 }
 FIELDS = {
-    "simulate": {
-        **_COMMON,
-        "num_gpus": ("num_gpus", _optional(lambda f, v: _int(f, v, 1, MAX_NUM_GPUS))),
-        "tp": ("tp", lambda f, v: _int(f, v, 1)),
-        "schedule": ("schedule", lambda f, v: _choice(f, v, SCHEDULE_POLICIES)),
-        "disaggregate": ("disaggregate", _optional(_disaggregate)),
-    },
-    "advise": {**_COMMON, "max_gpus": ("max_gpus", lambda f, v: _int(f, v, 1, MAX_ADVISE_GPUS))},
+    "simulate": {**_DEPLOYMENT, **_SIMULATE_ONLY, **_WORKLOAD, **_TARGETS},
+    "advise": {**_DEPLOYMENT, **_WORKLOAD, **_TARGETS, "max_gpus": lambda f, v: _int(f, v, 1, MAX_ADVISE_GPUS)},
 }
-_FLAG_FIELDS = {"ttft-target": "ttft_target_ms", "tpot-target": "tpot_target_ms"}
 
 
-def lab_args(command: str, body) -> argparse.Namespace:
-    """The Namespace of `servelab lab <command> --json` with the body's fields in place of the flags; the
-    defaults come from the command's own parser."""
+def _values_for(cls, values: dict) -> dict:
+    names = {f.name for f in dataclass_fields(cls)}
+    return {k: v for k, v in values.items() if k in names}
+
+
+def lab_request(command: str, body) -> SimulateRequest | AdviseRequest:
+    """The typed request of `servelab lab <command> --json` with the body's fields in place of the flags; the
+    defaults are the request values' own (the command line's defaults too)."""
     if not isinstance(body, dict):
         raise LabInputError("the request body must be a JSON object")
-    fields = FIELDS[command]
-    unknown = sorted(set(body) - set(fields))
+    checks = FIELDS[command]
+    unknown = sorted(set(body) - set(checks))
     if unknown:
-        raise LabInputError(f"unknown field {unknown[0]!r}; the fields are {', '.join(fields)}", unknown[0])
-    args = build_lab_parser(_RaisingParser).parse_args([command, "--json"])
-    for field, value in body.items():
-        attribute, check = fields[field]
-        setattr(args, attribute, check(field, value))
-    _check_size(command, args)
-    return args
+        raise LabInputError(f"unknown field {unknown[0]!r}; the fields are {', '.join(checks)}", unknown[0])
+    values = {field: checks[field](field, value) for field, value in body.items()}
+    try:
+        deployment = DeploymentRequest(**_values_for(DeploymentRequest, values))
+        workload = WorkloadConfig(**_values_for(WorkloadConfig, values))
+        targets = TargetsRequest(**_values_for(TargetsRequest, values))
+    except FieldError as err:
+        raise field_message(err) from None
+    _check_size(command, workload)
+    if command == "simulate":
+        return SimulateRequest(deployment, workload, targets)
+    return replace(AdviseRequest(deployment, workload, targets), **_values_for(AdviseRequest, values))
 
 
-def _check_size(command: str, args: argparse.Namespace) -> None:
-    workload = generate_workload(workload_from_args(args))  # milliseconds; the run itself regenerates it
-    num_tokens = sum(r.prompt_len + r.output_len for r in workload)
+def _check_size(command: str, workload: WorkloadConfig) -> None:
+    num_tokens = sum(r.prompt_len + r.output_len for r in generate_workload(workload))  # milliseconds
     limit = MAX_WORKLOAD_TOKENS[command]
     if num_tokens > limit:
         raise LabInputError(f"the workload has {num_tokens:,} prompt + output tokens, over the lab's {limit:,} per "
@@ -163,16 +167,9 @@ def _check_size(command: str, args: argparse.Namespace) -> None:
 
 
 def field_message(err: ValueError) -> LabInputError:
-    """A simulator error names command-line flags (`--num-gpus 4 is not a multiple of --tp 3`); the web API
-    names the JSON fields instead, and reports the first one as the error's param."""
+    """A FieldError names the API's fields, which are the JSON body's: its first field is the error's param."""
     if isinstance(err, LabInputError):
         return err
-    names: list[str] = []
-
-    def to_field(match: re.Match) -> str:
-        name = _FLAG_FIELDS.get(match[1], match[1].replace("-", "_"))
-        names.append(name)
-        return name
-
-    message = re.sub(r"--([a-z][a-z-]*)", to_field, str(err))
-    return LabInputError(message, names[0] if names else None)
+    if isinstance(err, FieldError):
+        return LabInputError(err.render(str), err.field)
+    return LabInputError(str(err))

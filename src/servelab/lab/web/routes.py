@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from http import HTTPStatus
 from pathlib import Path
 from typing import Callable
 
@@ -21,11 +20,12 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 
-from servelab.gateway.errors import OpenAIError, bad_request, internal_error, request_too_large
+from servelab.errors import OpenAIError
+from servelab.lab import api
 from servelab.lab.catalog import LOCAL_CPU, get_device, get_model, gpu_ids, model_ids
 from servelab.specs import GIB
-from servelab.lab.cli import format_json
-from servelab.lab.web.params import LIMITS, field_message, lab_args
+from servelab.lab.web.errors import bad_request, internal_error, lab_busy, not_found, request_too_large
+from servelab.lab.web.params import LIMITS, field_message, lab_request
 from servelab.lab.web.presets import DEFAULT_INPUTS, DEFAULT_STAGE, PRESETS
 
 logger = logging.getLogger(__name__)
@@ -33,12 +33,6 @@ logger = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
 ASSETS = {"lab.js": "text/javascript", "lab.css": "text/css"}
 MAX_BODY_BYTES = 64 * 1024
-RETRY_AFTER_S = 1
-
-
-def lab_busy() -> OpenAIError:
-    return OpenAIError(HTTPStatus.TOO_MANY_REQUESTS, "The lab is running another simulation; retry when it is done.",
-                       type="rate_limit_error", code="lab_busy", headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 class LabRunner:
@@ -58,17 +52,7 @@ class LabRunner:
             self.running = None
 
 
-def _simulate(args) -> str:
-    from servelab.lab.api import run_simulate, simulate_json
-    return format_json(simulate_json(*run_simulate(args)))
-
-
-def _advise(args) -> str:
-    from servelab.lab.api import advise_json, run_advise
-    return format_json(advise_json(*run_advise(args)))
-
-
-WORK = {"simulate": _simulate, "advise": _advise}
+WORK = {"simulate": api.simulate, "advise": api.advise}
 
 
 async def _read_json(request: Request):
@@ -135,7 +119,7 @@ def build_lab_router(live_engine: dict | None = None) -> APIRouter:
     @router.get("/lab/static/{name}")
     async def asset(name: str) -> Response:
         if name not in ASSETS:
-            return _error(OpenAIError(HTTPStatus.NOT_FOUND, f"no lab asset {name!r}", code="not_found"))
+            return _error(not_found(f"no lab asset {name!r}"))
         return FileResponse(STATIC_DIR / name, media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})
 
     @router.get("/lab/api/catalog")
@@ -148,8 +132,8 @@ def build_lab_router(live_engine: dict | None = None) -> APIRouter:
 
     async def run(command: str, request: Request) -> Response:
         try:
-            args = lab_args(command, await _read_json(request))
-            text = await runner.run(command, lambda: WORK[command](args))
+            lab_input = lab_request(command, await _read_json(request))
+            text = await runner.run(command, lambda: api.format_json(WORK[command](lab_input).to_json()))
         except OpenAIError as err:
             return _error(err)
         except ValueError as err:

@@ -8,7 +8,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
-from servelab.gateway.errors import OpenAIError
+from servelab.errors import OpenAIError
 from servelab.lab.web.routes import build_lab_router
 
 
@@ -45,3 +45,11 @@ class LabServer(uvicorn.Server):
 def serve_lab(host: str, port: int) -> int:
     LabServer(uvicorn.Config(build_lab_app(), host=host, port=port, log_level="warning", access_log=False)).run()
     return 0
+
+
+def add_web_parser(lab_commands) -> None:
+    """`servelab lab web`, added by the entry point beside the lab's own commands."""
+    web = lab_commands.add_parser("web", help="serve the lab page and its API alone, without loading a model")
+    web.add_argument("--host", default="127.0.0.1")
+    web.add_argument("--port", type=int, default=8000, help="0: any free port (the banner prints it)")
+    web.set_defaults(func=lambda args: serve_lab(args.host, args.port))
