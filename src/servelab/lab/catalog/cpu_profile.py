@@ -108,6 +108,13 @@ def _efficiency_json(e: Efficiency) -> dict:
     return out
 
 
+def read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read {what} {path}: {err}") from None
+
+
 def profile_path() -> Path:
     root = os.environ.get("SERVELAB_CACHE_DIR")
     base = Path(root).expanduser() if root else Path.home() / ".cache" / "servelab"
@@ -118,11 +125,7 @@ def load_cpu_profile(path: Path | None = None) -> CpuProfile:
     path = path or profile_path()
     if not path.is_file():
         raise ValueError(f"no CPU profile at {path}; run `servelab lab profile` first")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"cannot read the CPU profile {path}: {err}") from None
-    return CpuProfile.from_json(data, source=str(path))
+    return CpuProfile.from_json(read_json(path, "the CPU profile"), source=str(path))
 
 
 def save_cpu_profile(profile: CpuProfile, path: Path | None = None) -> Path:

@@ -6,7 +6,7 @@ import json
 from functools import cache
 from pathlib import Path
 
-from servelab.lab.catalog.cpu_profile import LOCAL_CPU, load_cpu_profile
+from servelab.lab.catalog.cpu_profile import LOCAL_CPU, load_cpu_profile, read_json
 from servelab.specs import GIB, DeviceSpec, ModelSpec
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -52,8 +52,5 @@ def get_model(model: str) -> ModelSpec:
         path = path / "config.json"
     if not path.is_file():
         raise ValueError(f"unknown model {model!r}; choose one of {', '.join(model_ids())}, or give a config.json path")
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read {path}: {e}") from None
+    cfg = read_json(path, "the model config")
     return ModelSpec.from_hf_config(cfg, id=str(model), name=path.parent.name or str(path), source=str(path))
