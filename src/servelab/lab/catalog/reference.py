@@ -1,0 +1,186 @@
+"""Published GPU serving measurements (data/reference_points.json) as typed points, and how the lab simulates
+each one: the deployment, the workload and the metric key to compare with the published value."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from functools import cache
+
+from servelab.lab.catalog.lookup import DATA_DIR, gpu_ids, model_ids
+from servelab.specs import DTYPE_BYTES
+from servelab.workload import DATASETS, WorkloadConfig
+
+REFERENCE_FILE = DATA_DIR / "reference_points.json"
+# The keys of the lab's `metrics` dict that a published figure can be compared with.
+METRICS = frozenset({"request_throughput", "output_throughput", "total_token_throughput"} | {
+    f"{stat}_{name}_ms" for stat in ("mean", "median", "p90", "p99") for name in ("ttft", "tpot", "itl", "e2el")})
+UNITS = {"ms", "tok/s", "req/s"}
+GROUPS = ("latency-batch<=8", "low-load-ttft", "low-load-tpot", "loaded-latency", "throughput", "disaggregated")
+READ_FROM = ("table", "text", "figure")
+
+
+@dataclass(frozen=True)
+class Source:
+    url: str
+    where: str
+    title: str
+    date: str
+
+
+@dataclass(frozen=True)
+class SimulatedWorkload:
+    """How the lab draws the source's workload: a servelab dataset and the lengths it needs."""
+    dataset: str
+    num_prompts: int
+    input_len: int | None
+    output_len: int | None
+    sharegpt_like_matches: bool | None  # None: the source's dataset is not ShareGPT
+    why: str
+
+
+@dataclass(frozen=True)
+class Workload:
+    dataset: str
+    lengths: str  # as the source describes them
+    request_rate: float  # math.inf: all at once
+    max_concurrency: int | None
+    num_requests: int | None  # None: the source does not say
+    arrivals: str
+    simulate: SimulatedWorkload
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    value: float
+    unit: str
+    read_from: str
+    tolerance: float | None  # absolute, in unit; set when read off a figure
+
+
+@dataclass(frozen=True)
+class ReferencePoint:
+    id: str
+    source: Source
+    engine: str
+    engine_version: str
+    engine_flags: str
+    engine_settings: dict  # max_num_seqs / max_num_batched_tokens the source set
+    gpu: str
+    num_gpus: int
+    model: str
+    dtype: str
+    tp: int
+    pp: int
+    disaggregation: tuple[int, int] | None  # (prefill, decode) instances
+    workload: Workload
+    metric: Metric
+    group: str
+    load: str  # "low" or "high"
+    notes: str
+
+
+@dataclass(frozen=True)
+class DeploymentFields:
+    """The servelab.lab.api.DeploymentRequest fields a point sets (the catalog sits below the API layer)."""
+    model: str
+    gpu: str
+    dtype: str
+    num_gpus: int
+    tp: int
+    disaggregate: tuple[int, int] | None
+    max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+
+    def as_kwargs(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Simulation:
+    deployment: DeploymentFields
+    workload: WorkloadConfig
+    metric: str  # key of the simulation's `metrics`
+
+
+class ReferenceDataError(ValueError):
+    pass
+
+
+def _require(entry: dict, fields: tuple[str, ...], where: str) -> None:
+    missing = [f for f in fields if f not in entry]
+    if missing:
+        raise ReferenceDataError(f"{where}: missing field(s) {', '.join(missing)}")
+
+
+def _rate(value) -> float:
+    return math.inf if value == "inf" else float(value)
+
+
+def parse_point(entry: dict) -> ReferencePoint:
+    pid = entry.get("id", "<no id>")
+    _require(entry, tuple(ReferencePoint.__dataclass_fields__), pid)
+    _require(entry["source"], tuple(Source.__dataclass_fields__), f"{pid}.source")
+    _require(entry["workload"], tuple(Workload.__dataclass_fields__), f"{pid}.workload")
+    _require(entry["workload"]["simulate"], tuple(SimulatedWorkload.__dataclass_fields__), f"{pid}.workload.simulate")
+    _require(entry["metric"], tuple(Metric.__dataclass_fields__), f"{pid}.metric")
+    w = entry["workload"]
+    disagg = entry["disaggregation"]
+    point = ReferencePoint(
+        **{**entry, "source": Source(**entry["source"]), "metric": Metric(**entry["metric"]),
+           "disaggregation": tuple(int(n) for n in disagg.split(":")) if disagg else None,
+           "workload": Workload(**{**w, "request_rate": _rate(w["request_rate"]),
+                                   "simulate": SimulatedWorkload(**w["simulate"])})})
+    validate(point)
+    return point
+
+
+def validate(p: ReferencePoint) -> None:
+    s, m = p.workload.simulate, p.metric
+    checks = [
+        (p.gpu in gpu_ids(), f"unknown GPU {p.gpu!r}"),
+        (p.model in model_ids(), f"unknown model {p.model!r}"),
+        (p.dtype in DTYPE_BYTES, f"unknown dtype {p.dtype!r}"),
+        (m.name in METRICS, f"unknown metric {m.name!r}"),
+        (m.unit in UNITS, f"unknown unit {m.unit!r}"),
+        (m.read_from in READ_FROM, f"read_from must be one of {READ_FROM}"),
+        (m.read_from != "figure" or m.tolerance is not None, "a value read off a figure needs a tolerance"),
+        (m.value > 0, "metric value must be > 0"),
+        (p.group in GROUPS, f"unknown group {p.group!r}"),
+        (p.load in ("low", "high"), "load must be low or high"),
+        (s.dataset in DATASETS, f"unknown servelab dataset {s.dataset!r}"),
+        (p.tp >= 1 and p.pp == 1, "tp must be >= 1; the lab has no pipeline parallelism"),
+        (p.num_gpus == p.tp * sum(p.disaggregation) if p.disaggregation else p.num_gpus % p.tp == 0,
+         "num_gpus must be a multiple of tp, and (P + D) * tp when disaggregated"),
+        ((p.group == "disaggregated") == (p.disaggregation is not None), "disaggregated points and only they set P:D"),
+        (all(k in ("max_num_seqs", "max_num_batched_tokens") for k in p.engine_settings),
+         "engine_settings may set max_num_seqs and max_num_batched_tokens"),
+        (bool(p.source.url.startswith("https://") and p.source.where), "source needs an https URL and a location"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ReferenceDataError(f"{p.id}: {message}")
+
+
+@cache
+def load_reference_points() -> tuple[ReferencePoint, ...]:
+    with open(REFERENCE_FILE) as f:
+        points = tuple(parse_point(e) for e in json.load(f)["points"])
+    ids = [p.id for p in points]
+    if len(set(ids)) != len(ids):
+        raise ReferenceDataError(f"duplicate ids: {sorted({i for i in ids if ids.count(i) > 1})}")
+    return points
+
+
+def to_simulation(point: ReferencePoint, num_prompts: int | None = None, seed: int = 0) -> Simulation:
+    """The lab run that reproduces `point`; num_prompts caps the source's request count (fast tests) and never
+    raises it, so a batch of 8 stays a batch of 8."""
+    s = point.workload.simulate
+    deployment = DeploymentFields(
+        model=point.model, gpu=point.gpu, dtype=point.dtype, num_gpus=point.num_gpus, tp=point.tp,
+        disaggregate=point.disaggregation, max_num_seqs=point.engine_settings.get("max_num_seqs"),
+        max_num_batched_tokens=point.engine_settings.get("max_num_batched_tokens"))
+    workload = WorkloadConfig(dataset=s.dataset, num_prompts=min(num_prompts or s.num_prompts, s.num_prompts), input_len=s.input_len,
+                              output_len=s.output_len, request_rate=point.workload.request_rate, seed=seed)
+    return Simulation(deployment, workload, point.metric.name)
