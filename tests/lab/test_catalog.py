@@ -8,7 +8,7 @@ from servelab.lab.catalog import DATA_DIR, get_device, get_model, gpu_ids, model
 
 PUBLISHED_PARAMS = {  # from the model cards
     "smollm2-135m": 134.5e6, "llama-3.1-8b": 8.03e9, "llama-3.1-70b": 70.6e9, "llama-3.1-405b": 405.9e9,
-    "qwen2.5-7b": 7.62e9, "qwen2.5-72b": 72.7e9, "mixtral-8x7b": 46.7e9,
+    "qwen2.5-7b": 7.62e9, "qwen2.5-72b": 72.7e9, "mixtral-8x7b": 46.7e9, "llama-2-7b": 6.74e9,
 }
 
 
