@@ -1,4 +1,5 @@
-"""The simulator: the engine's own scheduler classes, determinism, monotone answers, non-fitting shapes."""
+"""The simulator: steps through the engine's own EngineCore, determinism, monotone answers, non-fitting shapes."""
+import math
 import subprocess
 import sys
 
@@ -6,8 +7,9 @@ import pytest
 
 from servelab.errors import FieldError
 
-from servelab.core import block_manager as core_block_manager
-from servelab.core import scheduler as core_scheduler
+from servelab.core.block_manager import BlockManager
+from servelab.core.engine import EngineCore
+from servelab.core.scheduler import Scheduler
 from servelab.lab.sim import instance as lab_instance
 from servelab.lab.catalog import get_device, get_model
 from servelab.lab.sim.deployment import Deployment
@@ -25,15 +27,46 @@ def workload(**kw):
                                                **kw}))
 
 
-def test_simulator_runs_the_engines_own_scheduler_and_block_manager():
-    assert lab_instance.Scheduler is core_scheduler.Scheduler
-    assert lab_instance.BlockManager is core_block_manager.BlockManager
-    result = simulate(deployment(), workload(num_prompts=20))
-    for inst in result.instances:
-        assert type(inst.scheduler) is core_scheduler.Scheduler
-        assert type(inst.scheduler.block_manager) is core_block_manager.BlockManager
-        assert inst.block_manager.num_free_blocks == inst.block_manager.num_blocks
-        inst.block_manager.check_invariants()
+class SpyEngineCore(EngineCore):
+    """Counts the calls of the step function the core chose, and the steps they reported."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.num_calls = self.num_steps = 0
+        chosen = self.step_fn
+
+        def counted(horizon=math.inf):
+            out = chosen(horizon)
+            self.num_calls += 1
+            self.num_steps += out.stats.num_steps if out.stats is not None else 0
+            return out
+
+        self.step_fn = counted
+
+
+@pytest.mark.parametrize("shape", [dict(), dict(schedule="static"),
+                                   dict(num_gpus=3, num_prefill_instances=1, num_decode_instances=2)])
+def test_simulator_steps_through_engine_core(monkeypatch, shape):
+    """Every step the simulator takes is an EngineCore step function call, and each call's StepStats
+    reached the instance's sink: the steps they count are the single-step simulation's, one by one."""
+    monkeypatch.setattr(lab_instance, "EngineCore", SpyEngineCore)
+    d, w = deployment(**shape), workload(num_prompts=60, request_rate=20)
+    fast, slow = simulate(d, w), simulate(d, w, multi_step=False)
+    for result in (fast, slow):
+        for inst in result.instances:
+            engine = inst.engine
+            assert type(engine) is SpyEngineCore and engine.num_calls > 0
+            assert type(engine.scheduler) is Scheduler and type(engine.scheduler.block_manager) is BlockManager
+            assert engine.num_calls == len(inst.step_stats)
+            assert engine.num_steps == sum(s.num_steps for s in inst.step_stats)
+            bm = engine.scheduler.block_manager
+            assert bm.num_free_blocks == bm.num_blocks
+            bm.check_invariants()
+    assert [i.engine.num_steps for i in fast.instances] == [i.engine.num_steps for i in slow.instances]
+    assert any(s.num_steps > 1 for i in fast.instances for s in i.step_stats)
+    # single steps: every token of every request is stamped with the end of a step the sink saw
+    ends = {s.start + s.duration for i in slow.instances for s in i.step_stats}
+    assert all(t in ends for r in slow.requests for t in r.times.token_times)
 
 
 def test_lab_never_imports_torch():
@@ -56,7 +89,8 @@ def test_multi_step_runs_change_nothing(shape):
            for r in fast.requests]
     assert key == [(r.output_token_ids, r.times.token_times, r.times.first_scheduled, r.num_preemptions)
                    for r in slow.requests]
-    assert sum(i.num_steps for i in fast.instances) == sum(i.num_steps for i in slow.instances)
+    assert (sum(s.num_steps for i in fast.instances for s in i.step_stats)
+            == sum(s.num_steps for i in slow.instances for s in i.step_stats))
 
 
 def test_preemption_under_kv_pressure_and_every_request_completes():

@@ -37,6 +37,7 @@ class BlockManager:
         # Tokens actually written per request, to measure reserved-but-unused slots.
         self._num_tokens: dict[str, int] = {}
         self._num_tokens_total = 0
+        self._num_unattributed_tokens = 0  # in the total, not yet in _num_tokens (see record_decode_tokens)
         self._num_table_blocks = 0
         self._contiguous: set[str] = set()
 
@@ -183,14 +184,19 @@ class BlockManager:
         self._num_tokens_total += num_tokens - self._num_tokens.get(request_id, 0)
         self._num_tokens[request_id] = num_tokens
 
-    def record_tokens_batch(self, request_ids: list[str], num_tokens: list[int]) -> None:
-        """record_tokens for many requests at once (multi-step decode)."""
+    def record_decode_tokens(self, num_tokens: int) -> None:
+        """Note num_tokens more slots holding KV among the members of a decode run (core/decode_runs.py),
+        counted at once and attributed to requests later by attribute_tokens: a run's batch can be
+        hundreds of requests, and the count stays exact after every run at no cost per member."""
+        self._num_tokens_total += num_tokens
+        self._num_unattributed_tokens += num_tokens
+
+    def attribute_tokens(self, request_id: str, num_tokens: int) -> None:
+        """record_tokens for a request whose new tokens record_decode_tokens has counted; before the
+        request's table changes or is freed."""
         counts = self._num_tokens
-        delta = 0
-        for request_id, n in zip(request_ids, num_tokens):
-            delta += n - counts.get(request_id, 0)
-            counts[request_id] = n
-        self._num_tokens_total += delta
+        self._num_unattributed_tokens -= num_tokens - counts[request_id]
+        counts[request_id] = num_tokens
 
     # ---- release
     def free(self, request_id: str) -> None:
@@ -252,7 +258,8 @@ class BlockManager:
             refs = self._ref_counts.get(block_id, 0)
             if refs != expected or (self._in_use is not None and self._in_use[block_id] != expected):
                 raise AssertionError(f"block {block_id} has ref count {refs}")
-        if self._num_table_blocks != len(owned) or self._num_tokens_total != sum(self._num_tokens.values()):
+        if (self._num_table_blocks != len(owned) or self._num_unattributed_tokens < 0
+                or self._num_tokens_total != sum(self._num_tokens.values()) + self._num_unattributed_tokens):
             raise AssertionError("block or token counters out of step with the block tables")
 
 

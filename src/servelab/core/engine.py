@@ -1,17 +1,44 @@
-"""EngineCore: wires scheduler, executor and clock; one call to step() is one batch iteration."""
+"""EngineCore: wires scheduler, executor and clock, and is the only caller of schedule / execute / update.
+
+step_fn runs one batch iteration and is chosen once, at construction, as vLLM's EngineCore chooses
+step or step_with_batch_queue: step() for a real engine, or step_with_decode_runs() for the lab,
+which prices a multi-step decode run at once when the scheduler's next steps are certain. Either
+sends one StepStats to the stats sink per step or run; Prometheus and the lab's meters read those.
+"""
 from __future__ import annotations
 
+import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Protocol
+from itertools import accumulate
+from typing import Callable, Protocol
 
 from servelab.core.clock import VirtualClock, WallClock
-from servelab.core.plan import SampledToken, StepPlan, StepResult
+from servelab.core.decode_runs import DecodeRunPlanner
+from servelab.core.plan import DecodeRunPlan, SampledToken, StepPlan, StepResult
 from servelab.core.request import Request, RequestStatus
 from servelab.core.scheduler import Scheduler
+
+# Longest decode run priced at once; runs end earlier at the horizon, at finishes and at block shortage.
+MAX_DECODE_STEPS = 4096
 
 
 class Executor(Protocol):
     def execute(self, plan: StepPlan) -> StepResult: ...
+
+
+class DecodeRunExecutor(Executor, Protocol):
+    """Prices a decode run's steps instead of running them (the cost model). Every member samples
+    run_token_id at every step of a run: a token that stops no request."""
+
+    run_token_id: int
+
+    def price_decode_run(self, run: DecodeRunPlan, within: float = math.inf) -> tuple[list[float], list[tuple[int, int]]]:
+        """Durations of the run's first steps, only those that can start within `within` seconds, and
+        (number of steps, batch size) segments: the batch shrinks as members finish."""
+
+    def execute_with_decode_run(self, run: DecodeRunPlan, plan: StepPlan) -> StepResult:
+        """A one-step run plus the requests its plan admits, priced as one step."""
 
 
 @dataclass
@@ -34,6 +61,13 @@ class StepStats:
     kv_usage: float
     num_reserved_unused_slots: int
     breakdown: dict[str, float] = field(default_factory=dict)
+    # A decode run's steps. Its start and duration span them, token counts are totals over them,
+    # num_running counts step 1 and kv_usage is the mean of before and after the run's allocations.
+    num_steps: int = 1
+    # A priced decode run's (number of steps, batch size) segments, in order (the batch shrinks as
+    # members finish). Its breakdown is left empty: CostModel.decode_breakdown gives the parts that do
+    # not depend on context length, and attention takes the rest of the duration.
+    decode_segments: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -43,15 +77,24 @@ class StepOutputs:
 
 
 class EngineCore:
-    def __init__(self, scheduler: Scheduler, executor: Executor, clock: WallClock | VirtualClock) -> None:
+    def __init__(self, scheduler: Scheduler, executor: Executor, clock: WallClock | VirtualClock,
+                 stats_sink: Callable[[StepStats], None] | None = None, decode_runs: bool = False) -> None:
+        """stats_sink gets each step's (or run's) StepStats. decode_runs chooses step_with_decode_runs
+        as step_fn; it needs a DecodeRunExecutor and a VirtualClock."""
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock
+        self.stats_sink = stats_sink
+        if decode_runs and not isinstance(clock, VirtualClock):
+            raise ValueError("decode runs price steps instead of running them: they need a VirtualClock")
+        self.decode_runs = DecodeRunPlanner(scheduler) if decode_runs else None
+        self.step_fn: Callable[..., StepOutputs] = self.step_with_decode_runs if decode_runs else self.step
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        self._settle_decode_run()
         now = self.clock.now()
         outputs = []
         for request in self.scheduler.abort_requests(request_ids):
@@ -61,6 +104,7 @@ class EngineCore:
 
     def finish_stopped(self, request: Request) -> None:
         """A stop string matched (found by the output processor): retire it like an EOS."""
+        self._settle_decode_run()
         if not request.finished:
             request.times.finished = self.clock.now()
             self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED)
@@ -68,7 +112,10 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def step(self) -> StepOutputs:
+    def step(self, horizon: float = math.inf) -> StepOutputs:
+        """One batch iteration; it starts now, so the step functions' horizon (see
+        step_with_decode_runs) does not bound it."""
+        self._settle_decode_run()
         start = self.clock.now()
         plan = self.scheduler.schedule(start)
         if plan.is_empty and not plan.finished_request_ids:
@@ -80,16 +127,78 @@ class EngineCore:
         outputs = [
             EngineCoreOutput(r, result.sampled.get(r.request_id), r.finished) for r in updated
         ]
-        return StepOutputs(outputs, self._stats(plan, result, start, end))
+        return StepOutputs(outputs, self._emit(self._stats(plan, result, start, end)))
+
+    def step_with_decode_runs(self, horizon: float = math.inf) -> StepOutputs:
+        """A multi-step decode run when the scheduler's next steps are certain (DecodeRunPlanner.plan),
+        else step(). The run is priced by the executor and taken up to its last step that starts before
+        horizon. Its outputs are the requests it finished and those its one step admitted; the batch's
+        tokens reach their requests when they finish (the lab reads requests, not outputs)."""
+        planner = self.decode_runs
+        run = planner.plan(MAX_DECODE_STEPS)
+        if run is None:
+            return self.step()
+        executor, scheduler = self.executor, self.scheduler
+        bm = scheduler.block_manager
+        now = self.clock.now()
+        num_steps, durations = run.num_steps, None
+        if num_steps > 1:
+            durations, segments = executor.price_decode_run(run, horizon - now)
+            # sequential sums, so each end equals what single steps' clock.advance() calls would give
+            ends = list(accumulate(durations, initial=now))
+            del ends[0]
+            num_steps = 1 + bisect_left(ends, horizon, 0, len(ends) - 1)
+            del ends[num_steps:]
+        free_before = bm.num_free_blocks
+        plan = planner.schedule(run, num_steps, now)
+        free_after = bm.num_free_blocks
+        result = None
+        if num_steps == 1:
+            if plan.scheduled:
+                result = executor.execute_with_decode_run(run, plan)
+                ends = [now + result.duration]
+            elif durations is None:  # planned as one step (a longer run cut to one has its `ends` already)
+                durations, segments = executor.price_decode_run(run)
+                ends = [now + durations[0]]
+        finished = planner.advance(run, executor.run_token_id, ends)
+        end = ends[-1]
+        self.clock.advance_to(end)
+        outputs = [EngineCoreOutput(r, None, True) for r in finished]
+        if result is not None:
+            updated = scheduler.update_from_output(plan, result, end)
+            outputs += [EngineCoreOutput(r, result.sampled.get(r.request_id), r.finished) for r in updated]
+            breakdown, segments, batch_tokens = result.breakdown, [], run.batch_size
+        else:
+            segments = _first_steps(segments, num_steps)
+            breakdown, batch_tokens = {}, sum(count * batch_size for count, batch_size in segments)
+        plan_tokens, plan_decode = _plan_counts(plan)
+        stats = StepStats(
+            start=now, duration=end - now, num_scheduled_tokens=batch_tokens + plan_tokens,
+            num_prefill_tokens=plan_tokens - plan_decode, num_decode_requests=run.batch_size + plan_decode,
+            num_running=run.batch_size + len(plan.scheduled), num_waiting=scheduler.num_waiting, num_preempted=0,
+            kv_usage=1 - (free_before + free_after) / (2 * bm.num_blocks),
+            num_reserved_unused_slots=bm.num_reserved_unused_slots(), breakdown=breakdown, num_steps=num_steps,
+            decode_segments=segments)
+        return StepOutputs(outputs, self._emit(stats))
+
+    def _settle_decode_run(self) -> None:
+        """Write the decode batch's lazily kept tokens before anything else reads the running requests."""
+        if self.decode_runs is not None:
+            self.decode_runs.settle()
+
+    def _emit(self, stats: StepStats) -> StepStats:
+        if self.stats_sink is not None:
+            self.stats_sink(stats)
+        return stats
 
     def _stats(self, plan: StepPlan, result: StepResult, start: float, end: float) -> StepStats:
         sched = self.scheduler
-        decode = sum(1 for s in plan.scheduled if s.num_new_tokens == 1 and s.num_computed_tokens > 0)
+        num_tokens, decode = _plan_counts(plan)
         return StepStats(
             start=start,
             duration=end - start if result.duration == 0 else result.duration,
-            num_scheduled_tokens=plan.num_scheduled_tokens,
-            num_prefill_tokens=plan.num_scheduled_tokens - decode,
+            num_scheduled_tokens=num_tokens,
+            num_prefill_tokens=num_tokens - decode,
             num_decode_requests=decode,
             num_running=sched.num_running,
             num_waiting=sched.num_waiting,
@@ -98,3 +207,20 @@ class EngineCore:
             num_reserved_unused_slots=sched.block_manager.num_reserved_unused_slots(),
             breakdown=result.breakdown,
         )
+
+
+def _plan_counts(plan: StepPlan) -> tuple[int, int]:
+    """(tokens scheduled, requests decoding one token)."""
+    decode = sum(1 for s in plan.scheduled if s.num_new_tokens == 1 and s.num_computed_tokens > 0)
+    return plan.num_scheduled_tokens, decode
+
+
+def _first_steps(segments: list[tuple[int, int]], num_steps: int) -> list[tuple[int, int]]:
+    """The segments of a run's first num_steps steps."""
+    taken, left = [], num_steps
+    for count, batch_size in segments:
+        taken.append((min(count, left), batch_size))
+        left -= count
+        if left <= 0:
+            break
+    return taken

@@ -69,3 +69,19 @@ class StepResult:
     duration: float = 0.0
     # Cost-model components (weights, attention, communication, overhead), seconds.
     breakdown: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class DecodeRunPlan:
+    """Up to num_steps decode steps of a fixed batch, all known in advance (core/decode_runs.py): in
+    each, every member not yet at max_tokens computes its last sampled token and samples the next; no
+    one is admitted (beyond step 1) or preempted, and no sampled token stops anyone. All a cost model
+    needs to price the steps, as a StepPlan is for one step."""
+
+    batch_size: int  # members in step 1
+    context_len_sum: int  # sum of step 1's context lengths (num_computed_tokens + 1 each)
+    num_steps: int
+    soonest: int  # fewest steps any member takes part in before it finishes on length
+    # (steps it takes part in, context length in step 1) of each member leaving before step num_steps,
+    # by steps taken (empty when soonest >= num_steps): the batch shrinks after each.
+    departures: list[tuple[int, int]] = field(default_factory=list)

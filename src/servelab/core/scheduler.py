@@ -4,6 +4,11 @@ One rule for every stage: each request has num_tokens and num_computed_tokens, a
 out a token budget so computed catches up with total. A prefill chunk, a decode step, recompute
 after preemption and a request admitted with its KV already present are all this rule.
 Stages differ only in admission and KV allocation (see SchedulerConfig.policy).
+
+Multi-step decode runs (core/decode_runs.py) are composed around the scheduler, not part of it: the
+planner reads the public queues and block manager and changes them only through admit() and
+finish_request(). The scheduler keeps no state of theirs and calls none of their code; its one
+concession is admit(), the part of schedule() after the running requests.
 """
 from __future__ import annotations
 
@@ -12,12 +17,11 @@ from typing import Iterable
 
 from servelab.config import SchedulerConfig
 from servelab.core.block_manager import BlockManager
-from servelab.core.multi_step import DecodeBatch, MultiStepDecodeMixin
 from servelab.core.plan import ScheduledRequest, StepPlan, StepResult
 from servelab.core.request import Request, RequestStatus
 
 
-class Scheduler(MultiStepDecodeMixin):
+class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
         self.config = config
         self.block_manager = block_manager
@@ -29,8 +33,6 @@ class Scheduler(MultiStepDecodeMixin):
         self.num_preemptions_total = 0
         self.max_num_seqs = config.effective_max_num_seqs
         self.contiguous = config.contiguous
-        # running requests taking multi-step decode runs (core/multi_step.py); None after a full schedule()
-        self._decode_batch: DecodeBatch | None = None
 
     # ---- intake
     def check_fits(self, request: Request) -> None:
@@ -65,9 +67,6 @@ class Scheduler(MultiStepDecodeMixin):
         """Retire a request for any reason; its blocks go back to the pool at once."""
         index = self._running_index(request)
         if index is not None:
-            batch = self._decode_batch
-            if batch is not None and index < len(batch):
-                batch.leave(index, request)  # before free(), which drops the request's KV token count
             del self.running[index]
         elif request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             self.waiting.remove(request)
@@ -96,17 +95,8 @@ class Scheduler(MultiStepDecodeMixin):
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def num_reserved_unused_slots(self) -> int:
-        """KV slots held but holding no computed token: the block manager's count, less the slots that
-        decode-run steps filled but have not yet written to it (see DecodeBatch)."""
-        unused = self.block_manager.num_reserved_unused_slots()
-        return unused if self._decode_batch is None else unused - self._decode_batch.num_unsettled_tokens
-
     # ---- the step
     def schedule(self, now: float) -> StepPlan:
-        if self._decode_batch is not None:
-            self._settle_decode_batch()
-            self._decode_batch = None
         plan = StepPlan(finished_request_ids=self._finished_ids)
         self._finished_ids = []
         budget = self.config.max_num_batched_tokens
@@ -116,6 +106,16 @@ class Scheduler(MultiStepDecodeMixin):
                 self._admit_static_batch(now)
         budget = self._schedule_running(plan, budget, now)
         if not self.contiguous and not plan.preempted_request_ids:
+            self._admit_continuous(plan, budget, now)
+        return plan
+
+    def admit(self, now: float, budget: int) -> StepPlan:
+        """The rest of a step whose running requests were all planned elsewhere, by a decode run
+        (core/decode_runs.py): the ids finished since the last plan, and the waiting requests admitted
+        into budget tokens, as schedule() admits them after the running ones (stages 3+ only)."""
+        plan = StepPlan(finished_request_ids=self._finished_ids)
+        self._finished_ids = []
+        if not self.contiguous:
             self._admit_continuous(plan, budget, now)
         return plan
 

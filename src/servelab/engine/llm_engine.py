@@ -34,7 +34,7 @@ class LLMEngine:
         self.executor = executor
         self.block_manager = BlockManager(executor.num_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
-        self.core = EngineCore(self.scheduler, executor, WallClock())
+        self.core = EngineCore(self.scheduler, executor, WallClock(), stats_sink=self._on_step_stats)
         self.output_processor = OutputProcessor(tokenizer, self.core.finish_stopped)
         self.eos_token_ids = tuple(sorted(set(tokenizer.eos_token_ids) | set(config.model.eos_token_ids)))
         self.last_step_stats: StepStats | None = None
@@ -117,7 +117,10 @@ class LLMEngine:
         return self.core.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
+        self.last_step_stats = None  # stays None when the step had nothing to run
         step = self.core.step()
-        self.last_step_stats = step.stats  # None when the step had nothing to run
         return self.output_processor.process(step.outputs)
+
+    def _on_step_stats(self, stats: StepStats) -> None:
+        self.last_step_stats = stats
 

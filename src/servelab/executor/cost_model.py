@@ -13,12 +13,12 @@ Samples a dummy token that never stops a request, so outputs run to max_tokens (
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
 
-from servelab.core.plan import SampledToken, StepPlan, StepResult
-from servelab.core.multi_step import DecodeRun
+from servelab.core.plan import DecodeRunPlan, SampledToken, StepPlan, StepResult
 from servelab.executor.curve import PiecewiseLinear
 from servelab.specs import DTYPE_BYTES, DeviceSpec, ModelSpec
 
@@ -218,6 +218,7 @@ class CostModelExecutor:
     TABULATED_BATCH_SIZE = 16
     # ... and steps up to this, which bounds the tables to a few MiB.
     TABULATED_STEPS = 8192
+    run_token_id = DUMMY_TOKEN_ID  # what every step of a decode run samples
 
     def __init__(self, cost_model: CostModel) -> None:
         self.cost_model = cost_model
@@ -247,13 +248,13 @@ class CostModelExecutor:
                 sampled[s.request_id] = self._token
         return num_tokens, num_sampled, num_pairs, num_kv_tokens, sampled
 
-    def price_decode_run(self, run: DecodeRun, within: float = float("inf")) -> tuple[list[float], list[tuple[int, int]]]:
-        """Durations of the steps of a multi-step decode run (Scheduler.plan_decode_run), each priced as
+    def price_decode_run(self, run: DecodeRunPlan, within: float = float("inf")) -> tuple[list[float], list[tuple[int, int]]]:
+        """Durations of the steps of a multi-step decode run (DecodeRunPlanner.plan), each priced as
         execute() prices that step's StepPlan: one new token per unfinished request, contexts growing
         by one. Only the steps that can start within `within` seconds. Also (number of steps, batch
         size) segments: the batch shrinks as requests finish."""
         cm = self.cost_model
-        batch_size, context_sum, num_steps = len(run.batch), run.context_len_sum, run.num_steps
+        batch_size, context_sum, num_steps = run.batch_size, run.context_len_sum, run.num_steps
         soonest = run.soonest
         if soonest < num_steps and within < float("inf"):
             # no decode step is shorter than one of a single request with no context
@@ -261,7 +262,7 @@ class CostModelExecutor:
         if soonest >= num_steps:  # nobody leaves before the last step
             return self._decode_step_times(batch_size, context_sum, num_steps, within), [(num_steps, batch_size)]
         # (last step, context in step 1) of those leaving early, by last step: the batch shrinks after each
-        departures = run.departures(num_steps)
+        departures = run.departures[:bisect_left(run.departures, (num_steps,))]
         durations, segments = [], []
         step, i, elapsed = 1, 0, 0.0
         while step <= num_steps and batch_size:
@@ -295,10 +296,10 @@ class CostModelExecutor:
             num_steps = max(1, min(num_steps, int(within / first) + 1))
         return table[start:start + num_steps]
 
-    def execute_with_decode_run(self, run: DecodeRun, plan: StepPlan) -> StepResult:
+    def execute_with_decode_run(self, run: DecodeRunPlan, plan: StepPlan) -> StepResult:
         """One step of a one-step decode run plus the requests its plan admits, priced as execute()
         prices the whole StepPlan single steps would make; sampled tokens for the plan's requests."""
-        batch_size, context_sum = len(run.batch), run.context_len_sum
+        batch_size, context_sum = run.batch_size, run.context_len_sum
         num_tokens, num_sampled, num_pairs, num_kv_tokens, sampled = self._plan_totals(plan)
         parts = self.cost_model.step_time(batch_size + num_tokens, batch_size + num_sampled,
                                           batch_size + len(plan.scheduled), context_sum + num_pairs,

@@ -1,11 +1,15 @@
-"""The lab's meters, computed from a simulation's step records and request timestamps. Each meter
-says whether it is a bottleneck, by the named thresholds below (teaching rules of thumb)."""
+"""The lab's meters, computed from each instance's StepStats (what its EngineCore sent to the stats sink,
+one per step or decode run) and request timestamps. Each meter says whether it is a bottleneck, by the
+named thresholds below (teaching rules of thumb)."""
 from __future__ import annotations
 
 from bisect import bisect_right
+from dataclasses import dataclass
 
 import numpy as np
 
+from servelab.core.engine import StepStats
+from servelab.executor.cost_model import CostModel
 from servelab.metrics.request_stats import RequestTiming
 from servelab.lab.sim.simulate import SimulationResult
 
@@ -16,6 +20,49 @@ SLOTS_FULL_SHARE = 0.25  # share of time with every batch slot taken while reque
 QUEUE_SHARE_OF_TTFT = 0.50  # waiting to be scheduled is most of TTFT
 COMMUNICATION_SHARE = 0.30  # all-reduces take this much of step time
 NUM_SERIES_POINTS = 40
+BREAKDOWN_KEYS = ("weights", "attention", "communication", "overhead")
+
+
+@dataclass
+class StepColumns:
+    """One instance's StepStats as columns, in step order."""
+    role: str
+    starts: list[float]
+    durations: list[float]
+    running: list[int]
+    waiting: list[int]
+    kv_usage: list[float]
+    reserved_unused: list[int]
+
+    @classmethod
+    def of(cls, role: str, steps: list[StepStats]) -> "StepColumns":
+        return cls(role, [s.start for s in steps], [s.duration for s in steps], [s.num_running for s in steps],
+                   [s.num_waiting for s in steps], [s.kv_usage for s in steps],
+                   [s.num_reserved_unused_slots for s in steps])
+
+
+def breakdown_totals(steps: list[StepStats], cost_model: CostModel) -> dict[str, float]:
+    """Seconds spent per cost component over a run. A step carries its breakdown; a priced decode run
+    its (steps, batch size) segments, priced here by the parts that do not depend on context length,
+    attention taking the rest of its duration."""
+    totals = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    steps_by_batch: dict[int, int] = {}
+    run_time = 0.0
+    for s in steps:
+        if s.decode_segments:
+            for count, batch_size in s.decode_segments:
+                steps_by_batch[batch_size] = steps_by_batch.get(batch_size, 0) + count
+            run_time += s.duration
+        else:
+            for key, value in s.breakdown.items():
+                totals[key] += value
+    fixed = 0.0
+    for batch_size, count in steps_by_batch.items():
+        for key, value in cost_model.decode_breakdown(batch_size).items():
+            totals[key] += value * count
+            fixed += value * count
+    totals["attention"] += run_time - fixed
+    return totals
 
 
 def request_timings(result: SimulationResult) -> list[RequestTiming]:
@@ -31,20 +78,22 @@ def compute_meters(result: SimulationResult, metrics: dict, ttft_target_ms: floa
                    tpot_target_ms: float | None = None) -> dict:
     d, mem = result.deployment, result.memory
     duration = result.duration
-    serving = [inst for inst in result.instances if inst.role != "prefill"]
+    cost_model = d.cost_model()
+    instances = [StepColumns.of(inst.role, inst.step_stats) for inst in result.instances]
+    serving = [inst for inst in instances if inst.role != "prefill"]
     max_seqs = d.scheduler_config.effective_max_num_seqs
     pool_slots = mem.num_blocks * d.block_size
     requests = result.requests
     num_preemptions = sum(r.num_preemptions for r in requests)
 
-    usage = [_weighted_mean(i.kv_usage, i.durations, duration) for i in result.instances]
-    peak_usage = max((max(i.kv_usage, default=0.0) for i in result.instances), default=0.0)
+    usage = [_weighted_mean(i.kv_usage, i.durations, duration) for i in instances]
+    peak_usage = max((max(i.kv_usage, default=0.0) for i in instances), default=0.0)
     kv = {"num_blocks": mem.num_blocks, "block_size": d.block_size, "peak_usage": peak_usage,
           "mean_usage": float(np.mean(usage)), "num_preemptions": num_preemptions}
     if d.scheduler_config.contiguous:
         # share of the slots held by reservations that hold no KV
-        unused = sum(float(np.dot(i.reserved_unused, i.durations)) for i in result.instances)
-        held = sum(float(np.dot(i.kv_usage, i.durations)) for i in result.instances) * pool_slots
+        unused = sum(float(np.dot(i.reserved_unused, i.durations)) for i in instances)
+        held = sum(float(np.dot(i.kv_usage, i.durations)) for i in instances) * pool_slots
         kv["reserved_unused_share"] = unused / held if held else 0.0
     kv["bottleneck"] = peak_usage >= KV_PRESSURE or num_preemptions > 0
 
@@ -52,7 +101,7 @@ def compute_meters(result: SimulationResult, metrics: dict, ttft_target_ms: floa
     weights = {"bytes_per_gpu": mem.weight_bytes, "share_of_memory": weight_share,
                "kv_cache_bytes_per_gpu": mem.kv_cache_bytes, "bottleneck": weight_share >= WEIGHTS_SHARE_LIMIT}
 
-    decode = _decode_capacity(result, metrics, serving, max_seqs, pool_slots)
+    decode = _decode_capacity(result, metrics, cost_model, serving, max_seqs, pool_slots)
     slots = _batch_slots(result, serving, max_seqs, duration)
 
     ttft_ms = np.array([(r.times.first_token - r.arrival_time) * 1000 for r in requests])
@@ -69,7 +118,8 @@ def compute_meters(result: SimulationResult, metrics: dict, ttft_target_ms: floa
 
     meters = {"kv_cache": kv, "weights": weights, "decode_throughput": decode, "batch_slots": slots,
               "ttft": ttft, "tpot": tpot, "goodput": goodput, "preemptions": preemptions,
-              "queue": _queue(result, metrics, duration), "step_time": _step_time(result)}
+              "queue": _queue(result, instances, metrics, duration),
+              "step_time": _step_time(result, cost_model)}
     if d.disaggregated:
         times = np.array(result.kv_transfer_times) * 1000
         share = float(times.mean() / metrics["mean_ttft_ms"]) if times.size and metrics["mean_ttft_ms"] else 0.0
@@ -79,14 +129,13 @@ def compute_meters(result: SimulationResult, metrics: dict, ttft_target_ms: floa
     return meters
 
 
-def _decode_capacity(result, metrics, serving, max_seqs, pool_slots) -> dict:
+def _decode_capacity(result, metrics, cost, serving, max_seqs, pool_slots) -> dict:
     """Most decode tokens/s the deployment can give: the largest batch the slots and the KV pool allow
     at the workload's mean context, priced by the cost model."""
     w = result.workload
     mean_output = float(np.mean([x.output_len for x in w]))
     mean_context = float(np.mean([x.prompt_len for x in w])) + mean_output / 2
     batch = max(1, min(max_seqs, int(pool_slots / max(mean_context, 1.0))))
-    cost = result.deployment.cost_model()
     capacity = len(serving) * batch / cost.decode_step_time(batch, mean_context)
     span = w[-1].arrival_time - w[0].arrival_time
     rate = (len(w) - 1) / span if span > 0 else None
@@ -108,16 +157,16 @@ def _batch_slots(result, serving, max_seqs, duration) -> dict:
             "bottleneck": full_share >= SLOTS_FULL_SHARE}
 
 
-def _queue(result, metrics, duration) -> dict:
+def _queue(result, instances, metrics, duration) -> dict:
     queue_ms = np.array([(r.times.first_scheduled - r.arrival_time) * 1000 for r in result.requests])
     mean_queue = float(queue_ms.mean()) if queue_ms.size else 0.0
     share = mean_queue / metrics["mean_ttft_ms"] if metrics["mean_ttft_ms"] > 0 else 0.0
     series = []
     for k in range(NUM_SERIES_POINTS):
         t = duration * (k + 0.5) / NUM_SERIES_POINTS
-        series.append([t, sum(_value_at(i.starts, i.durations, i.waiting, t) for i in result.instances)])
-    return {"mean_waiting": sum(_weighted_mean(i.waiting, i.durations, duration) for i in result.instances),
-            "peak_waiting": max((max(i.waiting, default=0) for i in result.instances), default=0),
+        series.append([t, sum(_value_at(i.starts, i.durations, i.waiting, t) for i in instances)])
+    return {"mean_waiting": sum(_weighted_mean(i.waiting, i.durations, duration) for i in instances),
+            "peak_waiting": max((max(i.waiting, default=0) for i in instances), default=0),
             "mean_queue_ms": mean_queue, "share_of_ttft": share, "series": series,
             "bottleneck": share >= QUEUE_SHARE_OF_TTFT and mean_queue > 1.0}
 
@@ -127,13 +176,13 @@ def _value_at(starts: list, durations: list, values: list, t: float):
     return values[j] if j >= 0 and t < starts[j] + durations[j] else 0
 
 
-def _step_time(result) -> dict:
+def _step_time(result, cost_model) -> dict:
     totals = {}
     for inst in result.instances:
-        for key, value in inst.breakdown_totals().items():
+        for key, value in breakdown_totals(inst.step_stats, cost_model).items():
             totals[key] = totals.get(key, 0.0) + value
     busy = sum(totals.values())
     shares = {f"{k}_share": (v / busy if busy else 0.0) for k, v in totals.items()}
-    num_steps = sum(i.num_steps for i in result.instances)
+    num_steps = sum(s.num_steps for inst in result.instances for s in inst.step_stats)
     return {**shares, "num_steps": num_steps, "mean_step_ms": busy / num_steps * 1000 if num_steps else 0.0,
             "bottleneck": shares.get("communication_share", 0.0) >= COMMUNICATION_SHARE}

@@ -1,0 +1,160 @@
+"""Multi-step decode runs (vLLM's num_scheduler_steps): one scheduling decision for a run of decode steps.
+
+When every running request is decoding and nothing can change the batch (no admission, no block
+shortage), the scheduler's next k steps are known in advance: each plans the batch's unfinished
+requests for one token each. A DecodeRunPlan (core/plan.py) describes those k steps, which is all a
+cost model needs to price them, so EngineCore.step_with_decode_runs takes such a run in one go. A
+one-step run may also admit waiting requests, exactly as schedule() would (they come back as an
+ordinary StepPlan). Tokens, timestamps, block ids and pool state are identical to single steps
+(tests/lab/test_multi_step.py).
+
+The planner is composed with the Scheduler, not part of it: it reads the scheduler's public queues and
+block manager, and changes them only through Scheduler.admit / finish_request and the block manager's
+allocation calls. The scheduler knows nothing of runs; in exchange, settle() must run before anything
+else reads or changes the running requests (EngineCore calls it before schedule(), aborts and stop-string
+finishes), since their tokens and timestamps are written lazily (core/decode_batch.py). Each run's
+KV tokens are counted in the block manager as it is taken, so its reserved-unused count is exact
+after every run.
+"""
+from __future__ import annotations
+
+from servelab.core.decode_batch import DecodeBatch
+from servelab.core.plan import DecodeRunPlan, StepPlan
+from servelab.core.request import Request, RequestStatus
+from servelab.core.scheduler import Scheduler
+
+
+class DecodeRunPlanner:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self._batch: DecodeBatch | None = None
+
+    def plan(self, limit: int) -> DecodeRunPlan | None:
+        """The longest run (at most limit steps) that schedule() would certainly make of one decode
+        token for every running request still unfinished, in order, with no preemption, if nothing
+        arrives: no one is mid-prefill or could be stopped by a sampled token, the pool has the blocks,
+        and (beyond the first step) nobody waiting can be admitted. Requests finishing on length leave
+        the batch at their step; the run goes past a finish only when nobody waits (a finish could let
+        the waiting head in). None when the next step needs a full schedule()."""
+        scheduler = self.scheduler
+        running = scheduler.running
+        batch_size = len(running)
+        max_num_batched_tokens = scheduler.config.max_num_batched_tokens
+        if not running or limit < 1 or batch_size > max_num_batched_tokens:
+            return None
+        batch = self._batch
+        if batch is None or not batch.lasts:  # none yet, or everyone left: start counting steps afresh
+            batch = self._batch = DecodeBatch()
+        if len(batch.lasts) < batch_size and not self._join(batch):
+            return None
+        step = batch.step
+        soonest = min(batch.lasts) - step
+        if scheduler.contiguous:  # reservations cover max_tokens; no admission till all finish
+            return self._run(batch, min(limit, max(batch.lasts) - step), soonest)
+        bm = scheduler.block_manager
+        num_free = bm.num_free_blocks
+        if batch_size > num_free and batch.allocs.count(step + 1) > num_free:
+            return None  # the next step preempts someone
+        budget = max_num_batched_tokens - batch_size
+        if scheduler.waiting:
+            head = scheduler.waiting[0]
+            head_new = min(head.num_tokens - head.num_computed_tokens, budget)
+            # Free blocks only shrink until someone finishes, so a head that does not fit now will not.
+            if (budget > 0 and batch_size < scheduler.max_num_seqs and bm.num_new_blocks_needed(
+                    head.request_id, head.num_computed_tokens + head_new) <= num_free):
+                return self._run(batch, 1, soonest)
+            num_steps = min(limit, soonest)
+        else:
+            num_steps = min(limit, max(batch.lasts) - step)
+        # Blocks freed by finishes join the back of the free list, behind all the blocks counted here,
+        # so the run's allocations get the same ids as single steps would.
+        block_size = bm.block_size
+        if (batch_size * -(-num_steps // block_size) > num_free  # each needs at most one block per block_size steps
+                and batch.num_new_blocks(num_steps, block_size) > num_free):
+            low, high = 1, num_steps  # blocks for `low` steps fit, for `high` they do not
+            while high - low > 1:
+                mid = (low + high) // 2
+                if batch.num_new_blocks(mid, block_size) <= num_free:
+                    low = mid
+                else:
+                    high = mid
+            num_steps = low
+        return self._run(batch, num_steps, soonest)
+
+    def _run(self, batch: DecodeBatch, num_steps: int, soonest: int) -> DecodeRunPlan:
+        departures = batch.departures(num_steps, self.scheduler.running) if soonest < num_steps else []
+        return DecodeRunPlan(len(batch), batch.context_len_sum(), num_steps, soonest, departures)
+
+    def _join(self, batch: DecodeBatch) -> bool:
+        """Add the running requests admitted since the batch last grew; False (adding none of the rest)
+        at one that is not decoding or that a sampled token could stop."""
+        bm = self.scheduler.block_manager
+        tables, block_size = bm.block_tables, bm.block_size
+        for request in self.scheduler.running[len(batch):]:
+            if (len(request.prompt_token_ids) + len(request.output_token_ids) - request.num_computed_tokens != 1
+                    or _may_stop(request)):
+                return False
+            batch.join(request, len(tables[request.request_id]) * block_size)
+        return True
+
+    def schedule(self, run: DecodeRunPlan, num_steps: int, now: float) -> StepPlan:
+        """Take the run's first num_steps (<= run.num_steps) steps: allocate the batch's blocks in the
+        order single steps would, and return a StepPlan of what the first step schedules besides the
+        batch's decodes: the waiting requests it admits, as schedule() would (only when num_steps is 1)."""
+        scheduler = self.scheduler
+        if not scheduler.contiguous:
+            bm = scheduler.block_manager
+            positions = self._batch.take_blocks(num_steps, bm.block_size)
+            if positions:
+                running = scheduler.running
+                if bm.append_blocks([running[index].request_id for index in positions]) is None:
+                    raise RuntimeError("DecodeRunPlanner.schedule ran out of blocks: num_steps is too large")
+        budget = scheduler.config.max_num_batched_tokens - run.batch_size if num_steps == 1 else 0
+        return scheduler.admit(now, budget)
+
+    def advance(self, run: DecodeRunPlan, token_id: int, step_end_times: list[float]) -> list[Request]:
+        """Apply the len(step_end_times) steps taken by schedule() (its plan's requests go through
+        update_from_output afterwards): every member sampled token_id at every step, stamped with that
+        step's end; the tokens are written to a request when it leaves the batch or at settle(). Retires
+        those reaching max_tokens and returns them, in the order single steps would retire them."""
+        batch = self._batch
+        if token_id != batch.token_id:
+            self._write_tokens()
+            batch.token_id = token_id
+        soonest_last = batch.step + run.soonest  # members only left since the run was planned
+        num_steps = len(step_end_times)
+        batch.step += num_steps
+        batch.end_times += step_end_times
+        scheduler = self.scheduler
+        bm = scheduler.block_manager
+        if soonest_last > batch.step:  # everyone took part in every step
+            bm.record_decode_tokens(num_steps * len(batch))
+            return []
+        finishing = batch.finishing(soonest_last)
+        step, running, end_times = batch.step, scheduler.running, batch.end_times
+        bm.record_decode_tokens(num_steps * len(batch) - sum(step - last for last, _ in finishing))
+        finished = [running[index] for _, index in finishing]
+        for (last, _), request in zip(finishing, finished):
+            request.times.finished = end_times[last - 1]
+            batch.leave(running.index(request), request, bm)
+            scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
+        return finished
+
+    def settle(self) -> None:
+        """Write every member's outstanding tokens and timestamps, and end the batch (the next run
+        starts a new one). Before anything but the planner reads or changes the running requests."""
+        if self._batch is not None:
+            self._write_tokens()
+            self._batch = None
+
+    def _write_tokens(self) -> None:
+        batch, bm = self._batch, self.scheduler.block_manager
+        if batch.num_unsettled_tokens:
+            for index, request in enumerate(self.scheduler.running[:len(batch)]):
+                batch.settle(index, request, bm)
+
+
+def _may_stop(request: Request) -> bool:
+    """Whether a sampled token could stop request (Scheduler._stop_token_status)."""
+    params = request.sampling_params
+    return bool(request.eos_token_ids and not params.ignore_eos or params.stop_token_ids)
