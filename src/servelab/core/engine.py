@@ -5,20 +5,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from servelab.core.clock import VirtualClock, WallClock
-from servelab.core.plan import SampledToken, StepPlan, StepResult
+from servelab.core.messages import EngineCoreOutput
+from servelab.core.plan import StepPlan, StepResult
 from servelab.core.request import Request, RequestStatus
 from servelab.core.scheduler import Scheduler
 
 
 class Executor(Protocol):
     def execute(self, plan: StepPlan) -> StepResult: ...
-
-
-@dataclass
-class EngineCoreOutput:
-    request: Request
-    new_token: SampledToken | None
-    finished: bool
 
 
 @dataclass
@@ -52,18 +46,22 @@ class EngineCore:
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        return self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> list[EngineCoreOutput]:
+        """Retire requests between steps, for a reason decided outside the core: an abort, or a stop
+        string the output processor matched. Unknown and already finished ids are skipped."""
         now = self.clock.now()
         outputs = []
-        for request in self.scheduler.abort_requests(request_ids):
+        requests = self.scheduler.requests
+        for request_id in request_ids:
+            request = requests.get(request_id)
+            if request is None or request.finished:
+                continue
             request.times.finished = now
-            outputs.append(EngineCoreOutput(request, None, True))
+            self.scheduler.finish_request(request, status)
+            outputs.append(EngineCoreOutput.from_request(request, None))
         return outputs
-
-    def finish_stopped(self, request: Request) -> None:
-        """A stop string matched (found by the output processor): retire it like an EOS."""
-        if not request.finished:
-            request.times.finished = self.clock.now()
-            self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -77,9 +75,7 @@ class EngineCore:
         self.clock.advance(result.duration)
         end = self.clock.now()
         updated = self.scheduler.update_from_output(plan, result, end)
-        outputs = [
-            EngineCoreOutput(r, result.sampled.get(r.request_id), r.finished) for r in updated
-        ]
+        outputs = [EngineCoreOutput.from_request(r, result.sampled.get(r.request_id)) for r in updated]
         return StepOutputs(outputs, self._stats(plan, result, start, end))
 
     def _stats(self, plan: StepPlan, result: StepResult, start: float, end: float) -> StepStats:
