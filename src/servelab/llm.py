@@ -5,8 +5,9 @@ from typing import Sequence
 
 from tqdm import tqdm
 
+from servelab.engine.input_processor import PromptType
+from servelab.engine.llm_engine import LLMEngine
 from servelab.engine_args import EngineArgs
-from servelab.engine.llm_engine import LLMEngine, PromptType
 from servelab.outputs import RequestOutput
 from servelab.sampling_params import SamplingParams
 
@@ -28,15 +29,12 @@ class LLM:
         prompts = list(prompts)
         params = self._params_list(sampling_params, len(prompts))
         engine = self.engine
-        # Validate everything first so a bad prompt leaves nothing half-queued.
-        encoded = [engine.encode_prompt(p) for p in prompts]
-        for (_, token_ids), p in zip(encoded, params):
-            engine.validate(token_ids, p)
-        ids = [engine.new_request_id() for _ in prompts]
-        for request_id, (text, token_ids), p in zip(ids, encoded, params):
-            prompt = {"prompt_token_ids": token_ids, "prompt": text}
-            engine.add_request(request_id, prompt, p)
-        return self._run(ids, use_tqdm if use_tqdm is not None else len(prompts) >= 16)
+        # Process everything first so a bad prompt leaves nothing half-queued.
+        requests = [engine.input_processor.process_inputs(engine.new_request_id(), prompt, p)
+                    for prompt, p in zip(prompts, params)]
+        for request in requests:
+            engine.add_request(request)
+        return self._run([r.request_id for r in requests], use_tqdm if use_tqdm is not None else len(prompts) >= 16)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,

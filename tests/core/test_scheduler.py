@@ -46,7 +46,12 @@ def run(engine, limit=1000):
 
 
 def finished_tokens(outputs):
-    return {o.request.request_id: o.request.output_token_ids for o in outputs if o.finished}
+    """Each finished request's tokens, gathered from the outputs (values, as the output processor sees them)."""
+    tokens = {}
+    for o in outputs:
+        if o.new_token is not None:
+            tokens.setdefault(o.request_id, []).append(o.new_token.token_id)
+    return {o.request_id: tokens.get(o.request_id, []) for o in outputs if o.finished}
 
 
 def test_continuous_chunked_prefill_and_decode():
@@ -64,11 +69,11 @@ def test_continuous_chunked_prefill_and_decode():
 def test_continuous_admits_while_others_decode():
     engine, ex = make_engine(budget=16)
     engine.add_request(req("a", 4, 5))
-    engine.step()
+    outs = engine.step().outputs
     engine.add_request(req("b", 4, 2))
-    engine.step()
+    outs += engine.step().outputs
     assert [(s.request_id, len(s.token_ids)) for s in ex.plans[1].scheduled] == [("a", 1), ("b", 4)]
-    outs = run(engine)
+    outs += run(engine)
     assert finished_tokens(outs) == {"b": [1004, 1005], "a": [1004, 1005, 1006, 1007, 1008]}
 
 
@@ -138,7 +143,8 @@ def test_eos_and_stop_token_ids():
     engine.add_request(r)
     outs = run(engine)
     assert finished_tokens(outs) == {"eos": [1004, 1005, 1006], "stop": [1004, 1005]}
-    assert r.status is RequestStatus.FINISHED_STOPPED and r.stop_reason == 1005
+    assert r.status is RequestStatus.FINISHED_STOPPED
+    assert {o.request_id: o.finish_reason for o in outs if o.finished} == {"eos": "stop", "stop": "stop"}
 
 
 def test_abort_frees_blocks_and_tells_executor():
@@ -147,7 +153,7 @@ def test_abort_frees_blocks_and_tells_executor():
     engine.add_request(req("w", 8, 100))
     engine.step()
     out = engine.abort_requests(["a", "w", "missing"])
-    assert [o.request.status for o in out] == [RequestStatus.FINISHED_ABORTED] * 2
+    assert [(o.request_id, o.finish_reason) for o in out] == [("a", "abort"), ("w", "abort")]
     assert engine.scheduler.block_manager.num_free_blocks == 64
     engine.add_request(req("b", 2, 1))
     engine.step()

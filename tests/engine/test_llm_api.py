@@ -13,10 +13,10 @@ def llm(tiny_llama_dir):
 
 
 def clean(llm):
-    bm = llm.engine.block_manager
+    state = llm.engine.get_state()
     assert not llm.engine.has_unfinished_requests()
-    assert bm.num_free_blocks == bm.num_blocks
-    bm.check_invariants()
+    assert state.num_free_blocks == state.num_blocks
+    llm.engine.check_invariants()
 
 
 def test_outputs_in_input_order_with_per_request_params(llm):
@@ -102,11 +102,12 @@ def test_chat_applies_template(llm):
 ])
 def test_bad_input_is_a_value_error_and_engine_keeps_serving(llm, prompt, params, message):
     engine = llm.engine
-    engine.add_request("good", "keep going", SamplingParams(temperature=0, max_tokens=4))
+    engine.add_request(engine.input_processor.process_inputs("good", "keep going",
+                                                             SamplingParams(temperature=0, max_tokens=4)))
     with pytest.raises(ValueError, match=message):
         llm.generate([prompt], params)
     with pytest.raises(ValueError, match=message):
-        engine.add_request("bad", prompt, params)
+        engine.input_processor.process_inputs("bad", prompt, params)
     done = []
     while engine.has_unfinished_requests():
         done += [o for o in engine.step() if o.finished]

@@ -46,8 +46,9 @@ def model_case(request):
 def assert_engine_clean(llm):
     engine = llm.engine
     assert not engine.has_unfinished_requests()
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
-    engine.block_manager.check_invariants()
+    state = engine.get_state()
+    assert state.num_free_blocks == state.num_blocks
+    engine.check_invariants()
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -60,5 +61,5 @@ def test_greedy_matches_hf(model_case, schedule):
     # HF stops at EOS (and includes it); so does servelab.
     assert got == expected
     if schedule == "preempt":
-        assert llm.engine.scheduler.num_preemptions_total > 0
+        assert llm.engine.get_state().num_preemptions_total > 0
     assert_engine_clean(llm)

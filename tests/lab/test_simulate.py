@@ -54,7 +54,7 @@ def test_simulator_steps_through_engine_core(monkeypatch, shape):
     fast, slow = simulate(d, w), simulate(d, w, multi_step=False)
     for result in (fast, slow):
         for inst in result.instances:
-            engine = inst.engine
+            engine = inst.core
             assert type(engine) is SpyEngineCore and engine.num_calls > 0
             assert type(engine.scheduler) is Scheduler and type(engine.scheduler.block_manager) is BlockManager
             assert engine.num_calls == len(inst.step_stats)
@@ -62,7 +62,7 @@ def test_simulator_steps_through_engine_core(monkeypatch, shape):
             bm = engine.scheduler.block_manager
             assert bm.num_free_blocks == bm.num_blocks
             bm.check_invariants()
-    assert [i.engine.num_steps for i in fast.instances] == [i.engine.num_steps for i in slow.instances]
+    assert [i.core.num_steps for i in fast.instances] == [i.core.num_steps for i in slow.instances]
     assert any(s.num_steps > 1 for i in fast.instances for s in i.step_stats)
     # single steps: every token of every request is stamped with the end of a step the sink saw
     ends = {s.start + s.duration for i in slow.instances for s in i.step_stats}

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     runs = []
     for it in range(args.num_iters + 1):  # the first run warms up
         for b in range(args.batch_size):
-            engine.add_request(f"lat{it}-{b}", prompt, params)
+            engine.add_request(engine.input_processor.process_inputs(f"lat{it}-{b}", prompt, params))
         start = time.perf_counter()
         first = None
         while engine.has_unfinished_requests():

@@ -58,11 +58,12 @@ def run_servelab(engine, prompts: list[list[int]], outs: list[int], label: str) 
     from servelab.sampling_params import SamplingParams
 
     peak_kv, steps = 0.0, 0
-    preempted_before = engine.scheduler.num_preemptions_total
+    preempted_before = engine.get_state().num_preemptions_total
     bar = tqdm(total=len(prompts), desc=label, unit="req")
     start = time.perf_counter()
     for i, (p, n) in enumerate(zip(prompts, outs)):
-        engine.add_request(f"{label}-{i}", {"prompt_token_ids": p}, SamplingParams(max_tokens=n, ignore_eos=True))
+        engine.add_request(engine.input_processor.process_inputs(
+            f"{label}-{i}", {"prompt_token_ids": p}, SamplingParams(max_tokens=n, ignore_eos=True)))
     while engine.has_unfinished_requests():
         bar.update(sum(o.finished for o in engine.step()))
         steps += 1
@@ -71,7 +72,7 @@ def run_servelab(engine, prompts: list[list[int]], outs: list[int], label: str) 
     elapsed = time.perf_counter() - start
     bar.close()
     return _rates(label, len(prompts), sum(map(len, prompts)), sum(outs), elapsed, peak_kv_usage=peak_kv,
-                  num_preemptions=engine.scheduler.num_preemptions_total - preempted_before, num_steps=steps)
+                  num_preemptions=engine.get_state().num_preemptions_total - preempted_before, num_steps=steps)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,7 +15,8 @@ from typing import Callable, Protocol
 
 from servelab.core.clock import VirtualClock, WallClock
 from servelab.core.decode_runs import DecodeRunPlanner
-from servelab.core.plan import DecodeRunPlan, SampledToken, StepPlan, StepResult
+from servelab.core.messages import EngineCoreOutput
+from servelab.core.plan import DecodeRunPlan, StepPlan, StepResult
 from servelab.core.request import Request, RequestStatus
 from servelab.core.scheduler import Scheduler
 
@@ -39,13 +40,6 @@ class DecodeRunExecutor(Executor, Protocol):
 
     def execute_with_decode_run(self, run: DecodeRunPlan, plan: StepPlan) -> StepResult:
         """A one-step run plus the requests its plan admits, priced as one step."""
-
-
-@dataclass
-class EngineCoreOutput:
-    request: Request
-    new_token: SampledToken | None
-    finished: bool
 
 
 @dataclass
@@ -94,20 +88,23 @@ class EngineCore:
         self.scheduler.add_request(request)
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        return self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> list[EngineCoreOutput]:
+        """Retire requests between steps, for a reason decided outside the core: an abort, or a stop
+        string the output processor matched. Unknown and already finished ids are skipped."""
         self._settle_decode_run()
         now = self.clock.now()
         outputs = []
-        for request in self.scheduler.abort_requests(request_ids):
+        requests = self.scheduler.requests
+        for request_id in request_ids:
+            request = requests.get(request_id)
+            if request is None or request.finished:
+                continue
             request.times.finished = now
-            outputs.append(EngineCoreOutput(request, None, True))
+            self.scheduler.finish_request(request, status)
+            outputs.append(request.output(None))
         return outputs
-
-    def finish_stopped(self, request: Request) -> None:
-        """A stop string matched (found by the output processor): retire it like an EOS."""
-        self._settle_decode_run()
-        if not request.finished:
-            request.times.finished = self.clock.now()
-            self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -124,9 +121,7 @@ class EngineCore:
         self.clock.advance(result.duration)
         end = self.clock.now()
         updated = self.scheduler.update_from_output(plan, result, end)
-        outputs = [
-            EngineCoreOutput(r, result.sampled.get(r.request_id), r.finished) for r in updated
-        ]
+        outputs = [r.output(result.sampled.get(r.request_id)) for r in updated]
         return StepOutputs(outputs, self._emit(self._stats(plan, result, start, end)))
 
     def step_with_decode_runs(self, horizon: float = math.inf) -> StepOutputs:
@@ -163,10 +158,10 @@ class EngineCore:
         finished = planner.advance(run, executor.run_token_id, ends)
         end = ends[-1]
         self.clock.advance_to(end)
-        outputs = [EngineCoreOutput(r, None, True) for r in finished]
+        outputs = [r.output(None) for r in finished]
         if result is not None:
             updated = scheduler.update_from_output(plan, result, end)
-            outputs += [EngineCoreOutput(r, result.sampled.get(r.request_id), r.finished) for r in updated]
+            outputs += [r.output(result.sampled.get(r.request_id)) for r in updated]
             breakdown, segments, batch_tokens = result.breakdown, [], run.batch_size
         else:
             segments = _first_steps(segments, num_steps)

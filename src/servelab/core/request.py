@@ -4,6 +4,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from servelab.core.messages import EngineCoreOutput, EngineCoreRequest, EngineCoreTimes
+from servelab.core.plan import SampledToken
 from servelab.sampling_params import SamplingParams
 
 
@@ -14,7 +16,6 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
-    FINISHED_ERROR = "error"
 
     @property
     def finished(self) -> bool:
@@ -43,11 +44,14 @@ class Request:
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
-    # Set by the output processor when a stop string matched (engine asks the scheduler to finish it).
-    stop_reason: int | str | None = None
 
     def __post_init__(self) -> None:
         self.times = RequestTimes(arrival=self.arrival_time)
+
+    @classmethod
+    def from_engine_core_request(cls, request: EngineCoreRequest) -> "Request":
+        return cls(request.request_id, list(request.prompt_token_ids), request.sampling_params, request.max_tokens,
+                   request.eos_token_ids, request.arrival_time)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -65,10 +69,6 @@ class Request:
     def max_total_tokens(self) -> int:
         return self.num_prompt_tokens + self.max_tokens
 
-    def token_id_at(self, index: int) -> int:
-        n = len(self.prompt_token_ids)
-        return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
-
     def token_ids_slice(self, start: int, end: int) -> list[int]:
         n = len(self.prompt_token_ids)
         if end <= n:
@@ -80,3 +80,11 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.status.finished
+
+    def output(self, new_token: SampledToken | None) -> EngineCoreOutput:
+        """This request's state as a value leaving the core, with the token it got this step (if any)."""
+        times = self.times
+        return EngineCoreOutput(self.request_id, new_token, self.status.value if self.finished else None,
+                                EngineCoreTimes(times.arrival, times.first_scheduled, times.first_token,
+                                                times.token_times[-1] if times.token_times else None, times.finished,
+                                                self.num_preemptions))

@@ -35,21 +35,14 @@ class Scheduler:
         self.contiguous = config.contiguous
 
     # ---- intake
-    def check_fits(self, request: Request) -> None:
-        """Raise ValueError for a request that could never run, rather than letting it wait forever."""
-        bm = self.block_manager
-        need = bm.num_blocks_for(request.max_total_tokens)
-        if need > bm.num_blocks:
-            raise ValueError(
-                f"request needs {request.max_total_tokens} tokens of KV cache (prompt {request.num_prompt_tokens} "
-                f"+ max_tokens {request.max_tokens}) but the whole cache holds {bm.num_blocks * bm.block_size}; "
-                "lower max_tokens or give the KV cache more memory"
-            )
-
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
-        self.check_fits(request)
+        bm = self.block_manager
+        # A guard against misuse: the input processor turns such requests away with the user-facing error.
+        if bm.num_blocks_for(request.max_total_tokens) > bm.num_blocks:
+            raise ValueError(f"request {request.request_id!r} needs {request.max_total_tokens} tokens of KV cache; "
+                             f"the whole cache holds {bm.num_blocks * bm.block_size}")
         request.status = RequestStatus.WAITING
         self.requests[request.request_id] = request
         self.waiting.append(request)
@@ -246,6 +239,5 @@ class Scheduler:
         if not params.ignore_eos and token_id in request.eos_token_ids:
             return RequestStatus.FINISHED_STOPPED
         if params.stop_token_ids and token_id in params.stop_token_ids:
-            request.stop_reason = token_id
             return RequestStatus.FINISHED_STOPPED
         return None

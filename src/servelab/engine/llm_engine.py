@@ -1,9 +1,9 @@
-"""LLMEngine: tokenizer + engine core + output processor. Synchronous; the gateway drives it from
-a background thread, the offline LLM class from a loop."""
+"""LLMEngine: input processor + engine core + output processor. Synchronous; the gateway drives it from
+a background thread, the offline LLM class from a loop. Requests come in preprocessed (EngineCoreRequest)
+and state goes out as values (get_state), so nothing outside reaches into the scheduler or the KV cache."""
 from __future__ import annotations
 
 import itertools
-import time
 from pathlib import Path
 
 import torch
@@ -12,17 +12,17 @@ from servelab.config import EngineConfig
 from servelab.core.block_manager import BlockManager
 from servelab.core.clock import WallClock
 from servelab.core.engine import EngineCore, StepStats
-from servelab.core.request import Request
+from servelab.core.messages import EngineCoreRequest, EngineLimits
+from servelab.core.request import Request, RequestStatus
 from servelab.core.scheduler import Scheduler
+from servelab.engine.input_processor import InputProcessor, child_requests
+from servelab.engine.output_processor import OutputProcessor
 from servelab.engine_args import EngineArgs
 from servelab.executor.model_executor import ModelExecutor
+from servelab.metrics.events import EngineState
 from servelab.model.loader import DEFAULT_MODEL, load_model_config, resolve_dtype, resolve_model_path
 from servelab.model.tokenizer import Tokenizer
-from servelab.engine.output_processor import OutputProcessor
 from servelab.outputs import RequestOutput
-from servelab.sampling_params import SamplingParams
-
-PromptType = str | dict | list[int]
 
 
 class LLMEngine:
@@ -32,11 +32,14 @@ class LLMEngine:
         self.model_name = model_name
         self.tokenizer = tokenizer
         self.executor = executor
-        self.block_manager = BlockManager(executor.num_blocks, config.cache.block_size)
-        self.scheduler = Scheduler(config.scheduler, self.block_manager)
-        self.core = EngineCore(self.scheduler, executor, WallClock(), stats_sink=self._on_step_stats)
-        self.output_processor = OutputProcessor(tokenizer, self.core.finish_stopped)
+        self._block_manager = BlockManager(executor.num_blocks, config.cache.block_size)
+        self._scheduler = Scheduler(config.scheduler, self._block_manager)
+        self.core = EngineCore(self._scheduler, executor, WallClock(), stats_sink=self._on_step_stats)
+        self.limits = EngineLimits(config.scheduler.max_model_len, config.model.vocab_size, executor.num_blocks,
+                                   config.cache.block_size)
         self.eos_token_ids = tuple(sorted(set(tokenizer.eos_token_ids) | set(config.model.eos_token_ids)))
+        self.input_processor = InputProcessor(tokenizer, self.limits, self.eos_token_ids)
+        self.output_processor = OutputProcessor(tokenizer)
         self.last_step_stats: StepStats | None = None
         self._ids = itertools.count()
 
@@ -56,62 +59,23 @@ class LLMEngine:
 
     @property
     def max_model_len(self) -> int:
-        return self.config.scheduler.max_model_len
+        return self.limits.max_model_len
 
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
 
-    def encode_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
-            if "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
-                raise ValueError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-        if isinstance(prompt, list):
-            return None, list(prompt)
-        if not isinstance(prompt, str):
-            raise ValueError(f"a prompt must be a string, a token id list or a dict, not {type(prompt).__name__}")
-        return prompt, self.tokenizer.encode(prompt)
-
-    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
-        """Check a request before it enters the engine; returns its effective max_tokens."""
-        n = len(prompt_token_ids)
-        if n == 0:
-            raise ValueError("the prompt is empty")
-        vocab = self.config.model.vocab_size
-        bad = [t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
-        if n >= self.max_model_len:
-            raise ValueError(f"the prompt is {n} tokens but the model's context length is {self.max_model_len} "
-                             "(the prompt plus at least one generated token must fit)")
-        room = self.max_model_len - n
-        return room if params.max_tokens is None else min(params.max_tokens, room)
-
-    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
-        """Validate and enqueue; raises ValueError for bad input and leaves the engine untouched."""
-        if self.output_processor.has(request_id):
-            raise ValueError(f"duplicate request id {request_id!r}")
-        text, token_ids = self.encode_prompt(prompt)
-        max_tokens = self.validate(token_ids, params)
-        arrival = time.perf_counter() if arrival_time is None else arrival_time
-        children = [
-            Request(request_id if params.n == 1 else f"{i}_{request_id}", token_ids, params.for_child(i),
-                    max_tokens, self.eos_token_ids, arrival)
-            for i in range(params.n)
-        ]
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Enqueue a request the input processor made (its n samples as n engine-core requests)."""
+        if self.output_processor.has(request.request_id):
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        children = child_requests(request)
         for child in children:
-            self.scheduler.check_fits(child)
-        for child in children:
-            self.core.add_request(child)
-        self.output_processor.add_request(request_id, text, children)
+            self.core.add_request(Request.from_engine_core_request(child))
+        self.output_processor.add_request(request, children)
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
         core_outputs = self.core.abort_requests(self.output_processor.child_ids(request_id))
-        return self.output_processor.process(core_outputs)
+        return self.output_processor.process(core_outputs).request_outputs
 
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()
@@ -119,7 +83,21 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         self.last_step_stats = None  # stays None when the step had nothing to run
         step = self.core.step()
-        return self.output_processor.process(step.outputs)
+        processed = self.output_processor.process(step.outputs)
+        if processed.stopped_request_ids:
+            self.core.finish_requests(processed.stopped_request_ids, RequestStatus.FINISHED_STOPPED)
+        return processed.request_outputs
+
+    def get_state(self) -> EngineState:
+        scheduler, blocks = self._scheduler, self._block_manager
+        return EngineState(scheduler.num_running, scheduler.num_waiting, blocks.usage, blocks.num_blocks,
+                           blocks.num_free_blocks, blocks.block_size, blocks.num_reserved_unused_slots(),
+                           scheduler.max_num_seqs, scheduler.num_preemptions_total)
+
+    def check_invariants(self) -> None:
+        """Raises AssertionError when the KV cache's bookkeeping is inconsistent (every block free or
+        owned, none twice)."""
+        self._block_manager.check_invariants()
 
     def _on_step_stats(self, stats: StepStats) -> None:
         self.last_step_stats = stats

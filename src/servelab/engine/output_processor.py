@@ -1,21 +1,22 @@
-"""Turns engine-core token updates into RequestOutputs: incremental detokenization, stop strings,
-logprobs, and merging the n samples of a request. Runs beside the engine core, never on the device."""
+"""Turns engine-core outputs into RequestOutputs: incremental detokenization, stop strings, logprobs,
+and merging the n samples of a request. Runs beside the engine core, never on the device, and holds
+only values from it: a matched stop string is reported back for the engine to retire the request."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass, field, replace
 
-from servelab.core.engine import EngineCoreOutput
-from servelab.core.request import Request, RequestStatus
+from servelab.core.messages import EngineCoreOutput, EngineCoreRequest, EngineCoreTimes
+from servelab.core.plan import SampledToken
 from servelab.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from servelab.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
 
 
 @dataclass
 class _Sample:
-    request: Request
+    request: EngineCoreRequest
     completion: CompletionOutput
     detokenizer: IncrementalDetokenizer
+    times: EngineCoreTimes
     full_text: str = ""
 
 
@@ -31,27 +32,34 @@ class _ParentState:
         return all(s.completion.finished for s in self.samples)
 
 
+@dataclass
+class OutputProcessorOutput:
+    request_outputs: list[RequestOutput]
+    # engine-core requests whose stop string matched: finished here, still to be retired in the core
+    stopped_request_ids: list[str]
+
+
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer, on_stop: Callable[[Request], None]) -> None:
-        """on_stop retires a request in the engine core when one of its stop strings matched."""
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.on_stop = on_stop
         self._parents: dict[str, _ParentState] = {}
         self._sample_of: dict[str, tuple[_ParentState, _Sample]] = {}
 
-    def add_request(self, request_id: str, prompt: str | None, children: list[Request]) -> None:
-        parent = _ParentState(request_id, prompt, children[0].prompt_token_ids)
+    def add_request(self, request: EngineCoreRequest, children: list[EngineCoreRequest]) -> None:
+        parent = _ParentState(request.request_id, request.prompt, request.prompt_token_ids)
         for index, child in enumerate(children):
             params = child.sampling_params
+            with_logprobs = params.logprobs is not None
             sample = _Sample(
                 child,
-                CompletionOutput(index, "", child.output_token_ids, logprobs=[] if params.logprobs is not None else None,
-                                 cumulative_logprob=0.0 if params.logprobs is not None else None),
+                CompletionOutput(index, "", [], logprobs=[] if with_logprobs else None,
+                                 cumulative_logprob=0.0 if with_logprobs else None),
                 IncrementalDetokenizer(self.tokenizer, child.prompt_token_ids, params.skip_special_tokens),
+                EngineCoreTimes(child.arrival_time),
             )
             parent.samples.append(sample)
             self._sample_of[child.request_id] = (parent, sample)
-        self._parents[request_id] = parent
+        self._parents[request.request_id] = parent
 
     def child_ids(self, request_id: str) -> list[str]:
         parent = self._parents.get(request_id)
@@ -60,67 +68,82 @@ class OutputProcessor:
     def has(self, request_id: str) -> bool:
         return request_id in self._parents
 
-    def process(self, outputs: list[EngineCoreOutput]) -> list[RequestOutput]:
-        """Returns a snapshot of every parent request that changed."""
+    def process(self, outputs: list[EngineCoreOutput]) -> OutputProcessorOutput:
+        """A snapshot of every parent request that changed, and the requests a stop string ended."""
         changed: dict[str, _ParentState] = {}
+        stopped: list[str] = []
         for out in outputs:
-            entry = self._sample_of.get(out.request.request_id)
+            entry = self._sample_of.get(out.request_id)
             if entry is None:
                 continue
             parent, sample = entry
-            if out.new_token is not None and self._add_token(sample, out):
-                self.on_stop(sample.request)
-            if sample.request.finished and not sample.completion.finished:
-                self._finish(sample)
+            if sample.completion.finished:
+                continue
+            sample.times = out.times
+            stop = None if out.new_token is None else self._add_token(sample, out.new_token, out.finish_reason)
+            if out.finish_reason is not None:
+                self._finish(sample, out.finish_reason, self._stop_token_id(sample, out))
+            elif stop is not None:
+                # it ended with the token that completed the stop string
+                sample.times = replace(out.times, finished=out.times.last_token)
+                self._finish(sample, "stop", stop)
+                stopped.append(out.request_id)
             changed[parent.request_id] = parent
         results = [self._snapshot(p) for p in changed.values()]
         for parent in changed.values():
             if parent.finished:
                 self._drop(parent)
-        return results
+        return OutputProcessorOutput(results, stopped)
 
-    def _add_token(self, sample: _Sample, out: EngineCoreOutput) -> bool:
-        request, token = sample.request, out.new_token
-        params = request.sampling_params
-        if sample.completion.logprobs is not None and token.logprob is not None:
-            sample.completion.logprobs.append(TokenLogprob(token.token_id, token.logprob, token.top_logprobs or []))
-            sample.completion.cumulative_logprob += token.logprob
+    def _add_token(self, sample: _Sample, token: SampledToken, finish_reason: str | None) -> str | None:
+        """Append a token and its text; returns the stop string it completed, if any."""
+        completion = sample.completion
+        completion.token_ids.append(token.token_id)
+        if completion.logprobs is not None and token.logprob is not None:
+            completion.logprobs.append(TokenLogprob(token.token_id, token.logprob, token.top_logprobs or []))
+            completion.cumulative_logprob += token.logprob
         delta = sample.detokenizer.add(token.token_id)
-        # EOS / stop token ids end the text without their own text (vLLM's behaviour).
-        ended_by_token = request.status is RequestStatus.FINISHED_STOPPED and request.stop_reason is None
-        if ended_by_token or (request.stop_reason is not None and request.stop_reason == token.token_id):
+        if finish_reason == "stop":  # EOS / a stop token id ends the text without its own text (vLLM's behaviour)
             delta = ""
         old_len = len(sample.full_text)
         sample.full_text += delta
-        if params.stop and not request.finished:
-            longest = max(len(s) for s in params.stop)
-            window_start = max(0, old_len - longest + 1)
-            hits = [(sample.full_text.find(s, window_start), s) for s in params.stop]
-            hits = [(i, s) for i, s in hits if i >= 0]
-            if hits:
-                index, stop = min(hits)
-                sample.full_text = sample.full_text[:index]
-                sample.completion.text = sample.full_text
-                request.stop_reason = stop
-                return True
-            # Hold back a possible partial stop string until we know it is not one.
-            sample.completion.text = sample.full_text[: max(len(sample.completion.text),
-                                                           len(sample.full_text) - longest + 1)]
-        else:
-            sample.completion.text = sample.full_text
-        return False
+        stops = sample.request.sampling_params.stop
+        if not stops or finish_reason is not None:
+            completion.text = sample.full_text
+            return None
+        longest = max(len(s) for s in stops)
+        window_start = max(0, old_len - longest + 1)
+        hits = [(sample.full_text.find(s, window_start), s) for s in stops]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if hits:
+            index, stop = min(hits)
+            sample.full_text = sample.full_text[:index]
+            return stop
+        # Hold back a possible partial stop string until we know it is not one.
+        completion.text = sample.full_text[: max(len(completion.text), len(sample.full_text) - longest + 1)]
+        return None
 
-    def _finish(self, sample: _Sample) -> None:
-        request = sample.request
-        sample.completion.text = sample.full_text
-        sample.completion.finish_reason = request.status.value
-        sample.completion.stop_reason = request.stop_reason
+    @staticmethod
+    def _stop_token_id(sample: _Sample, out: EngineCoreOutput) -> int | None:
+        """The stop token id that ended the request; None for EOS, which the core checks first."""
+        if out.finish_reason != "stop" or out.new_token is None:
+            return None
+        token_id, params = out.new_token.token_id, sample.request.sampling_params
+        if not params.ignore_eos and token_id in sample.request.eos_token_ids:
+            return None
+        return token_id if token_id in params.stop_token_ids else None
+
+    @staticmethod
+    def _finish(sample: _Sample, finish_reason: str, stop_reason: int | str | None) -> None:
+        completion = sample.completion
+        completion.text = sample.full_text
+        completion.finish_reason = finish_reason
+        completion.stop_reason = stop_reason
 
     def _snapshot(self, parent: _ParentState) -> RequestOutput:
-        first = parent.samples[0].request
-        times = first.times
+        times = parent.samples[0].times
         metrics = RequestMetrics(times.arrival, times.first_scheduled, times.first_token, times.finished,
-                                 sum(s.request.num_preemptions for s in parent.samples))
+                                 sum(s.times.num_preemptions for s in parent.samples))
         completions = [
             CompletionOutput(c.index, c.text, list(c.token_ids), c.cumulative_logprob,
                              list(c.logprobs) if c.logprobs is not None else None, c.finish_reason, c.stop_reason)

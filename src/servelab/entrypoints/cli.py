@@ -57,7 +57,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     if args.chat:
         text = engine.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
         prompt = {"prompt_token_ids": engine.tokenizer.encode(text, add_special_tokens=False)}
-    engine.add_request("cli", prompt, params)
+    engine.add_request(engine.input_processor.process_inputs("cli", prompt, params))
     shown = 0
     while engine.has_unfinished_requests():
         for out in engine.step():

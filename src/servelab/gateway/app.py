@@ -48,7 +48,7 @@ class Gateway:
         self.admission = AdmissionControl(config.max_num_queued_requests, config.max_queued_tokens,
                                           on_reject=self.metrics.record_rejected)
         self.auth = ApiKeyAuth(config.api_keys)
-        self.serving = OpenAIServing(self.engine, engine, self.admission, config)
+        self.serving = OpenAIServing(self.engine, self.admission, config)
         self.closing = False  # set once the server is about to exit: long-lived streams end
         self.started_at = time.time()
 

@@ -1,9 +1,11 @@
 """AsyncLLM: an LLMEngine stepped by one background thread, bridged to asyncio.
 
-The engine thread is the only writer of engine state. Adds and aborts from the event loop go into an
-inbox that the thread drains between steps; when nothing is queued or running it sleeps on a
-condition (no busy spin). Outputs go back through one `loop.call_soon_threadsafe` per step to each
-request's RequestStream. Metrics leave as plain-number EngineEvents through `on_events`.
+Requests are tokenized and validated on the event loop by the input processor; what crosses to the
+engine thread is the resulting EngineCoreRequest. The engine thread is the only writer of engine state.
+Adds and aborts from the event loop go into an inbox that the thread drains between steps; when nothing
+is queued or running it sleeps on a condition (no busy spin). Outputs go back through one
+`loop.call_soon_threadsafe` per step to each request's RequestStream. Metrics leave as plain-number
+EngineEvents through `on_events`.
 
 Cancellation contract: `abort(request_id)` takes effect before the engine's next step, and the
 request's KV blocks are back in the pool when it returns to the thread's loop. A step that raises
@@ -18,9 +20,11 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
+from servelab.core.messages import EngineCoreRequest
+from servelab.engine.input_processor import PromptType
+from servelab.engine.llm_engine import LLMEngine
 from servelab.gateway.request_stream import RequestStream
-from servelab.engine.llm_engine import LLMEngine, PromptType
-from servelab.metrics.events import EngineEvents, EngineState, FinishedRequest, StepSample
+from servelab.metrics.events import EngineEvents, FinishedRequest, StepSample
 from servelab.metrics.request_stats import RequestTiming
 from servelab.outputs import RequestOutput
 from servelab.sampling_params import SamplingParams
@@ -38,10 +42,7 @@ class EngineDeadError(RuntimeError):
 
 @dataclass
 class _AddRequest:
-    request_id: str
-    prompt: PromptType
-    params: SamplingParams
-    arrival_time: float
+    request: EngineCoreRequest
     stream: RequestStream
 
 
@@ -67,6 +68,7 @@ class _Tracked:
 class AsyncLLM:
     def __init__(self, engine: LLMEngine, on_events: Callable[[EngineEvents], None] | None = None) -> None:
         self.engine = engine
+        self.input_processor = engine.input_processor
         self._on_events = on_events
         self._cond = threading.Condition()
         self._inbox: list[_AddRequest | _AbortRequest | _AbortAll] = []
@@ -97,21 +99,19 @@ class AsyncLLM:
         return self._thread is not None and self._thread.is_alive() and self.dead_error is None
 
     # ---- requests (event loop)
-    def submit(self, request_id: str, prompt: PromptType, params: SamplingParams,
-               arrival_time: float | None = None) -> RequestStream:
-        """Hand a request to the engine thread. Await `stream.accepted` before iterating: it raises
-        ValueError when the engine rejects the request (bad prompt, too long for the KV cache) and
-        EngineDeadError when the engine is gone."""
-        stream = RequestStream(request_id, self._loop)
-        arrival = time.perf_counter() if arrival_time is None else arrival_time
-        if self._thread is None or not self._post(_AddRequest(request_id, prompt, params, arrival, stream)):
+    def submit(self, request: EngineCoreRequest) -> RequestStream:
+        """Hand a processed request to the engine thread. Await `stream.accepted` before iterating: it
+        raises EngineDeadError when the engine is gone, ValueError when the engine refuses the request (a
+        duplicate id)."""
+        stream = RequestStream(request.request_id, self._loop)
+        if self._thread is None or not self._post(_AddRequest(request, stream)):
             stream.on_error(EngineDeadError(str(self.dead_error or "the engine thread is not running")))
         return stream
 
     async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                           arrival_time: float | None = None) -> RequestStream:
-        """submit() and wait until the engine took the request."""
-        stream = self.submit(request_id, prompt, params, arrival_time)
+        """Process the prompt (ValueError for a bad one), submit() it and wait until the engine took it."""
+        stream = self.submit(self.input_processor.process_inputs(request_id, prompt, params, arrival_time))
         try:
             await stream.accepted
         except asyncio.CancelledError:
@@ -193,17 +193,17 @@ class AsyncLLM:
     def _handle(self, message, calls: list, finished: list[FinishedRequest]) -> None:
         engine = self.engine
         if isinstance(message, _AddRequest):
-            stream = message.stream
+            stream, request = message.stream, message.request
             try:
-                engine.add_request(message.request_id, message.prompt, message.params, message.arrival_time)
+                engine.add_request(request)
             except ValueError as exc:
                 calls.append((stream.on_error, exc))
                 return
             except Exception as exc:
-                logger.exception("adding request %s failed", message.request_id)
+                logger.exception("adding request %s failed", request.request_id)
                 calls.append((stream.on_error, EngineStepError(f"the engine could not take the request: {exc}")))
                 return
-            self._tracked[message.request_id] = _Tracked(stream, [[] for _ in range(message.params.n)])
+            self._tracked[request.request_id] = _Tracked(stream, [[] for _ in range(request.sampling_params.n)])
             calls.append((stream.on_accepted,))
         elif isinstance(message, _AbortRequest):
             self._abort(message.request_id, message.error, calls, finished)
@@ -236,7 +236,7 @@ class AsyncLLM:
             finished.append(self._finished_record(request_id, tracked, None, "error"))
         if self.engine.has_unfinished_requests():
             raise RuntimeError("requests the gateway does not know of are left in the engine") from exc
-        self.engine.block_manager.check_invariants()
+        self.engine.check_invariants()
 
     def _collect(self, outputs: list[RequestOutput], calls: list, finished: list[FinishedRequest]) -> StepSample | None:
         now = time.perf_counter()
@@ -284,14 +284,7 @@ class AsyncLLM:
     def _flush(self, calls: list, step: StepSample | None, finished: list[FinishedRequest]) -> None:
         self._call_soon(calls)
         if self._on_events is not None:
-            self._on_events(EngineEvents(self._state(), step, finished))
-
-    def _state(self) -> EngineState:
-        engine = self.engine
-        scheduler, blocks = engine.scheduler, engine.block_manager
-        return EngineState(scheduler.num_running, scheduler.num_waiting, blocks.usage, blocks.num_blocks,
-                           blocks.num_free_blocks, blocks.block_size, blocks.num_reserved_unused_slots(),
-                           scheduler.max_num_seqs, scheduler.num_preemptions_total)
+            self._on_events(EngineEvents(self.engine.get_state(), step, finished))
 
     def _call_soon(self, calls: list) -> None:
         if not calls or self._loop is None:

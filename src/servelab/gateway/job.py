@@ -7,15 +7,15 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 from typing import AsyncIterator
 
 from starlette.requests import Request
 
+from servelab.core.messages import EngineCoreRequest
 from servelab.gateway.admission import Ticket
 from servelab.gateway.async_llm import AsyncLLM, EngineDeadError, EngineStepError
 from servelab.gateway.request_stream import RequestStream
-from servelab.gateway.errors import OpenAIError, bad_request, engine_unavailable, internal_error, request_timeout
+from servelab.gateway.errors import OpenAIError, engine_unavailable, internal_error, request_timeout
 from servelab.outputs import RequestOutput
 from servelab.sampling_params import SamplingParams
 
@@ -25,12 +25,6 @@ CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 
 class ClientDisconnected(Exception):
     pass
-
-
-@dataclass
-class Prompt:
-    text: str | None
-    token_ids: list[int]
 
 
 class RequestContext:
@@ -47,6 +41,10 @@ class RequestContext:
         self.x_request_id = http.scope.get("state", {}).get("request_id", self.internal_id)
         self.request_id = f"{id_prefix}-{self.internal_id}"
 
+    def engine_request_ids(self, num_prompts: int) -> list[str]:
+        """One engine request per prompt."""
+        return [self.request_id] if num_prompts == 1 else [f"{self.request_id}-{i}" for i in range(num_prompts)]
+
     def log(self, status: int, **fields) -> None:
         record = {"event": "request", "request_id": self.request_id, "x_request_id": self.x_request_id,
                   "endpoint": self.endpoint, "status": status, **fields,
@@ -55,17 +53,17 @@ class RequestContext:
 
 
 class Job:
-    """One API call: its engine requests (one per prompt), admission ticket and outcome. close() runs
-    exactly once however the call ends: it aborts what is unfinished, releases the ticket, logs."""
+    """One API call: its engine requests (one per prompt, processed), admission ticket and outcome.
+    close() runs exactly once however the call ends: it aborts what is unfinished, releases the ticket, logs."""
 
     def __init__(self, ctx: RequestContext, engine: AsyncLLM, ticket: Ticket, model: str,
-                 prompts: list[Prompt], params: SamplingParams, stream: bool) -> None:
+                 requests: list[EngineCoreRequest], params: SamplingParams, stream: bool) -> None:
         self.ctx = ctx
         self.engine = engine
         self.ticket = ticket
         self.request_id = ctx.request_id
         self.model = model
-        self.prompts = prompts
+        self.requests = requests
         self.params = params
         self.stream = stream
         self.streams: list[RequestStream] = []
@@ -75,19 +73,13 @@ class Job:
         self._tasks: list[asyncio.Task] = []
         self._closed = False
 
-    def engine_request_id(self, index: int) -> str:
-        return self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{index}"
-
     async def start(self) -> None:
-        """Hand every prompt to the engine at once, then wait until it took them all."""
-        self.streams = [self.engine.submit(self.engine_request_id(i), {"prompt_token_ids": p.token_ids,
-                                                                       "prompt": p.text},
-                                           self.params, self.ctx.arrival)
-                        for i, p in enumerate(self.prompts)]
+        """Hand every request to the engine at once, then wait until it took them all."""
+        self.streams = [self.engine.submit(r) for r in self.requests]
         try:
             await self._wait(asyncio.gather(*(s.accepted for s in self.streams)))
-        except ValueError as exc:
-            raise bad_request(str(exc), param="prompt") from exc
+        except ValueError as exc:  # the input processor validated it: only misuse (a duplicate id) gets here
+            raise internal_error(f"the engine refused the request: {exc}") from exc
         except asyncio.TimeoutError as exc:
             raise request_timeout(self.ctx.timeout_s) from exc
         except (EngineDeadError, EngineStepError) as exc:
@@ -170,7 +162,7 @@ class Job:
         self.status, self.error = exc.status, exc.message
 
     def usage(self) -> dict:
-        prompt = sum(len(p.token_ids) for p in self.prompts)
+        prompt = sum(len(r.prompt_token_ids) for r in self.requests)
         completion = sum(len(c.token_ids) for out in self.final.values() for c in out.outputs)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 

@@ -50,7 +50,7 @@ class ResponseBuilder:
     async def completion_stream(self, job: Job, req: CompletionRequest) -> AsyncIterator[bytes]:
         head = {"id": job.request_id, "object": "text_completion", "created": int(time.time()), "model": job.model}
         tail = {"usage": None} if req.include_usage else {}
-        states = [_ChoiceState() for _ in range(len(job.prompts) * job.params.n)]
+        states = [_ChoiceState() for _ in range(len(job.requests) * job.params.n)]
         try:
             async for i, out in job.outputs():
                 for index, c, state, text, logprobs in self._deltas(job, i, out, states):
@@ -119,8 +119,8 @@ class ResponseBuilder:
         yield SSE_DONE
 
     def _prompt_text(self, job: Job, prompt_index: int) -> str:
-        prompt = job.prompts[prompt_index]
-        return prompt.text if prompt.text is not None else self.tokenizer.decode(prompt.token_ids)
+        request = job.requests[prompt_index]
+        return request.prompt if request.prompt is not None else self.tokenizer.decode(request.prompt_token_ids)
 
     def _token_str(self, token_id: int) -> str:
         text = self._token_strs.get(token_id)

@@ -1,5 +1,6 @@
-"""/v1/completions and /v1/chat/completions: validate the request, tokenize, admit, start its Job and
-answer in OpenAI's response or stream format."""
+"""/v1/completions and /v1/chat/completions: validate the request, process its prompts (tokenize and
+check them against the engine's limits), admit, start its Job and answer in OpenAI's response or stream
+format."""
 from __future__ import annotations
 
 import json
@@ -13,23 +14,23 @@ from servelab.gateway.admission import AdmissionControl
 from servelab.gateway.async_llm import AsyncLLM
 from servelab.gateway.config import ServerConfig
 from servelab.gateway.errors import OpenAIError, RequestBodyTooLarge, bad_request, model_not_found, request_too_large
-from servelab.gateway.job import CLIENT_CLOSED, ClientDisconnected, Job, Prompt, RequestContext
+from servelab.gateway.job import CLIENT_CLOSED, ClientDisconnected, Job, RequestContext
 from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from servelab.gateway.responses import ResponseBuilder
 from servelab.gateway.sse import SSEResponse
-from servelab.engine.llm_engine import LLMEngine
+from servelab.core.messages import EngineCoreRequest
+from servelab.engine.input_processor import ContextLengthExceeded, PromptType
 from servelab.sampling_params import SamplingParams
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM, llm_engine: LLMEngine, admission: AdmissionControl,
-                 config: ServerConfig) -> None:
+    def __init__(self, engine: AsyncLLM, admission: AdmissionControl, config: ServerConfig) -> None:
         self.engine = engine
-        self.llm_engine = llm_engine
-        self.tokenizer = llm_engine.tokenizer
+        self.input_processor = engine.input_processor
+        self.tokenizer = engine.input_processor.tokenizer
         self.admission = admission
         self.config = config
-        self.responses = ResponseBuilder(llm_engine.tokenizer)
+        self.responses = ResponseBuilder(self.tokenizer)
 
     # ---- endpoints
     async def create_completion(self, http: Request) -> Response:
@@ -38,11 +39,9 @@ class OpenAIServing:
             req: CompletionRequest = parse_request(CompletionRequest, await self._read_json(http))
             model = self._model(req.model)
             params = req.sampling_params()
-            prompts = self._completion_prompts(req.prompt)
             explicit = req.max_tokens if "max_tokens" in req.model_fields_set else None
-            for p in prompts:
-                self._check_length(p.token_ids, explicit, params, "prompt")
-            job = await self._start(ctx, model, prompts, params, bool(req.stream))
+            requests = self._process(ctx, self._completion_prompts(req.prompt), params, explicit, "prompt")
+            job = await self._start(ctx, model, requests, params, bool(req.stream))
         except OpenAIError as exc:
             ctx.log(exc.status, error=exc.message)
             raise
@@ -56,9 +55,8 @@ class OpenAIServing:
             req: ChatCompletionRequest = parse_request(ChatCompletionRequest, await self._read_json(http))
             model = self._model(req.model)
             params = req.sampling_params()
-            prompt = self._chat_prompt(req)
-            self._check_length(prompt.token_ids, req.requested_max_tokens, params, "messages")
-            job = await self._start(ctx, model, [prompt], params, bool(req.stream))
+            requests = self._process(ctx, [self._chat_prompt(req)], params, req.requested_max_tokens, "messages")
+            job = await self._start(ctx, model, requests, params, bool(req.stream))
         except OpenAIError as exc:
             ctx.log(exc.status, error=exc.message)
             raise
@@ -86,51 +84,40 @@ class OpenAIServing:
             raise model_not_found(requested)
         return requested
 
-    def _completion_prompts(self, prompt) -> list[Prompt]:
-        if isinstance(prompt, str):
-            items: list = [prompt]
-        elif prompt and isinstance(prompt[0], int):
-            items = [prompt]
-        else:
-            items = list(prompt)
-        if not items:
+    @staticmethod
+    def _completion_prompts(prompt) -> list[PromptType]:
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            return [prompt]
+        if not prompt:
             raise bad_request("prompt must not be empty", param="prompt")
-        prompts = []
-        for item in items:
-            text, token_ids = self.llm_engine.encode_prompt(item)
-            prompts.append(Prompt(text, token_ids))
-        return prompts
+        return list(prompt)
 
-    def _chat_prompt(self, req: ChatCompletionRequest) -> Prompt:
+    def _chat_prompt(self, req: ChatCompletionRequest) -> PromptType:
         try:
             text = self.tokenizer.apply_chat_template(req.template_messages(),
                                                       add_generation_prompt=req.add_generation_prompt)
         except (ValueError, jinja2.TemplateError) as exc:
             raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from exc
-        return Prompt(None, self.tokenizer.encode(text, add_special_tokens=False))
+        return {"prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)}
 
-    def _check_length(self, token_ids: list[int], max_tokens: int | None, params: SamplingParams, param: str) -> None:
-        limit = self.llm_engine.max_model_len
-        num = len(token_ids)
-        if max_tokens is not None and num + max_tokens > limit:
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{num + max_tokens} tokens ({num} in the prompt, {max_tokens} for max_tokens). "
-                "Please reduce the length of the prompt or max_tokens.", param=param, code="context_length_exceeded")
-        if num >= limit:
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, the prompt is {num} tokens, "
-                "leaving no room for max_tokens (at least 1). Please reduce the length of the prompt.",
-                param=param, code="context_length_exceeded")
+    def _process(self, ctx: RequestContext, prompts: list[PromptType], params: SamplingParams,
+                 explicit_max_tokens: int | None, param: str) -> list[EngineCoreRequest]:
+        """Tokenize and validate every prompt before any is admitted. max_tokens the client set is not
+        clamped to the context: too many is a 400, as in OpenAI's API."""
+        ids = ctx.engine_request_ids(len(prompts))
         try:
-            self.llm_engine.validate(token_ids, params)
+            return [self.input_processor.process_inputs(request_id, prompt, params, ctx.arrival,
+                                                        clamp_max_tokens=explicit_max_tokens is None)
+                    for request_id, prompt in zip(ids, prompts)]
+        except ContextLengthExceeded as exc:
+            raise bad_request(str(exc), param=param, code="context_length_exceeded") from exc
         except ValueError as exc:
             raise bad_request(str(exc), param=param) from exc
 
-    async def _start(self, ctx: RequestContext, model: str, prompts: list[Prompt], params: SamplingParams,
-                     stream: bool) -> Job:
-        ticket = self.admission.admit([len(p.token_ids) * params.n for p in prompts])
-        job = Job(ctx, self.engine, ticket, model, prompts, params, stream)
+    async def _start(self, ctx: RequestContext, model: str, requests: list[EngineCoreRequest],
+                     params: SamplingParams, stream: bool) -> Job:
+        ticket = self.admission.admit([len(r.prompt_token_ids) * params.n for r in requests])
+        job = Job(ctx, self.engine, ticket, model, requests, params, stream)
         try:
             await job.start()
         except OpenAIError:

@@ -21,29 +21,37 @@ class Instance:
         self.role = role  # "mixed", "prefill" or "decode"
         self.multi_step = multi_step
         self.step_stats: list[StepStats] = []
-        self.engine = EngineCore(Scheduler(scheduler_config, BlockManager(num_blocks, block_size)),
+        self.core = EngineCore(Scheduler(scheduler_config, BlockManager(num_blocks, block_size)),
                                  CostModelExecutor(cost_model), VirtualClock(), stats_sink=self.step_stats.append,
                                  decode_runs=multi_step)
         self.num_outstanding = 0  # routed here and not finished, as the router sees it
         self.busy = False
         self.next_step_time = math.inf
         self.pending_finished: list[Request] = []  # finished by the step in flight, visible at its end
+        self._requests: dict[str, Request] = {}  # routed here and not finished (outputs carry ids, not requests)
 
     def add_request(self, request: Request) -> None:
-        self.engine.add_request(request)
+        self.core.add_request(request)
+        self._requests[request.request_id] = request
         self.num_outstanding += 1
 
+    def admit_handed_over(self, request: Request) -> None:
+        """A request whose KV landed from a prefill instance (counted as outstanding when it was routed)."""
+        self.core.add_request(request)
+        self._requests[request.request_id] = request
+
     def has_unfinished_requests(self) -> bool:
-        return self.engine.has_unfinished_requests()
+        return self.core.has_unfinished_requests()
 
     def step(self, now: float, horizon: float) -> float | None:
         """Run the engine's next step (or decode run, whose later steps all start before horizon: the
         earliest time anything from outside can reach this instance) from now. Returns its end time, or
         None when the scheduler had nothing to run."""
-        engine = self.engine
-        engine.clock.advance_to(now)
-        out = engine.step_fn(horizon)
+        core = self.core
+        core.clock.advance_to(now)
+        out = core.step_fn(horizon)
         if out.stats is None:
             return None
-        self.pending_finished = [o.request for o in out.outputs if o.finished]
-        return engine.clock.now()
+        requests = self._requests
+        self.pending_finished = [requests.pop(o.request_id) for o in out.outputs if o.finished]
+        return core.clock.now()

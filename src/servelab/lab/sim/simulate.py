@@ -115,7 +115,7 @@ class _Simulation:
             if kind == _TRANSFER:
                 heapq.heappop(self.transfer_landings)
                 instance, request = payload
-                instance.engine.add_request(request)
+                instance.admit_handed_over(request)
                 self._wake(instance, time)
             else:
                 self._step(payload, time, arrivals[index].arrival_time if index < num else math.inf)

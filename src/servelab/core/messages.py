@@ -1,0 +1,55 @@
+"""The values that cross the engine core's boundary: what goes in (EngineCoreRequest), what comes out
+(EngineCoreOutput) and the limits the core announces (EngineLimits). Plain data, never a live Request,
+so the core can later move to its own process behind typed messages."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servelab.core.plan import SampledToken
+from servelab.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """What the API server may know of an engine core: fixed at start-up, enough to validate a request."""
+    max_model_len: int
+    vocab_size: int
+    num_blocks: int
+    block_size: int
+
+
+@dataclass(frozen=True)
+class EngineCoreRequest:
+    """A tokenized, validated request (the input processor's output); one per engine-core request, so a
+    request with n samples becomes n of them."""
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    # params.max_tokens clamped to the room the context leaves after the prompt
+    max_tokens: int
+    eos_token_ids: tuple[int, ...]
+    arrival_time: float
+
+
+@dataclass(frozen=True)
+class EngineCoreTimes:
+    """A request's timestamps as of one output (engine clock seconds; None until it happened)."""
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+    num_preemptions: int = 0
+
+
+@dataclass(frozen=True)
+class EngineCoreOutput:
+    request_id: str
+    new_token: SampledToken | None
+    finish_reason: str | None  # None while running; "stop" | "length" | "abort"
+    times: EngineCoreTimes
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

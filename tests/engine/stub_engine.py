@@ -1,0 +1,98 @@
+"""A real LLMEngine (scheduler, block manager, input and output processors, a real `tokenizers` tokenizer)
+over a stub executor that needs no model: the sampled token depends only on the position."""
+import threading
+import time
+
+from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers import models, pre_tokenizers
+
+from servelab.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from servelab.core.plan import SampledToken, StepPlan, StepResult
+from servelab.engine.llm_engine import LLMEngine
+from servelab.model.tokenizer import Tokenizer
+
+EOS = "<eos>"
+WORDS = [f"w{i}" for i in range(32)]
+VOCAB = [EOS, "<unk>", "hi", "hello", *WORDS]
+FIRST_WORD_ID = VOCAB.index("w0")
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+
+
+def tiny_tokenizer() -> Tokenizer:
+    """Whitespace-split words; decode joins them with spaces. <eos> is special (skipped in text)."""
+    backend = BackendTokenizer(models.WordLevel({w: i for i, w in enumerate(VOCAB)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.add_special_tokens([EOS])
+    return Tokenizer(backend, {"eos_token": EOS}, {}, CHAT_TEMPLATE, name="tiny")
+
+
+def word_id(position: int) -> int:
+    """The token the stub samples after `position` tokens of context: w{position % 32}."""
+    return FIRST_WORD_ID + position % len(WORDS)
+
+
+class StubExecutor:
+    """Samples word_id(context length) for each request that samples this step (EOS where eos_at_position
+    says so); records the plans. Optionally sleeps per step or fails the next step."""
+
+    weight_bytes = 1000
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.eos_at_position: int | None = None
+        self.step_delay = 0.0
+        self.fail_next_step = False
+        self.plans: list[StepPlan] = []
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.plans)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        self.plans.append(plan)
+        if self.step_delay:
+            time.sleep(self.step_delay)
+        if self.fail_next_step:
+            self.fail_next_step = False
+            raise RuntimeError("boom")
+        sampled = {s.request_id: SampledToken(0 if s.context_len == self.eos_at_position else word_id(s.context_len))
+                   for s in plan.scheduled if s.sample}
+        return StepResult(sampled=sampled)
+
+
+class CheckedEngine(LLMEngine):
+    """The real LLMEngine, checking the block manager's invariants after every step and recording which
+    threads called it."""
+
+    executor: StubExecutor
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.thread_ids: set[int] = set()
+
+    def add_request(self, request) -> None:
+        self.thread_ids.add(threading.get_ident())
+        super().add_request(request)
+
+    def step(self):
+        self.thread_ids.add(threading.get_ident())
+        outputs = super().step()
+        self.check_invariants()
+        return outputs
+
+    def is_idle(self) -> bool:
+        """Nothing queued or running and every KV block free."""
+        state = self.get_state()
+        return (not self.has_unfinished_requests() and state.num_running == state.num_waiting == 0
+                and state.num_free_blocks == state.num_blocks and state.kv_usage == 0)
+
+
+def make_engine(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 128, max_num_seqs: int = 8,
+                policy: str = "continuous") -> CheckedEngine:
+    model = ModelConfig("LlamaForCausalLM", vocab_size=len(VOCAB), hidden_size=8, intermediate_size=16,
+                        num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1, head_dim=8,
+                        max_position_embeddings=max_model_len)
+    config = EngineConfig(model, CacheConfig(block_size=block_size, num_blocks=num_blocks),
+                          SchedulerConfig(policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=64,
+                                          max_model_len=max_model_len))
+    return CheckedEngine(config, tiny_tokenizer(), StubExecutor(num_blocks), "stub")
