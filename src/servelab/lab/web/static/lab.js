@@ -11,7 +11,7 @@
   const SLOTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
   const MAX_PAGE_GPUS = 64;
   const TPOT_SCALE_MS = 100; // full TPOT bar when no target is set
-  const DEBOUNCE_MS = 100;
+  const DEBOUNCE_MS = 30; // coalesces one gesture's events; pump() keeps one simulation in flight
   const ADVISE_SETTLE_MS = 500;
   const MAX_BUSY_RETRIES = 120;
   const DEPLOYMENT_FIELDS = ["num_gpus", "tp", "schedule", "disaggregate"];
