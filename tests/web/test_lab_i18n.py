@@ -29,7 +29,8 @@ WALK_CAUSES = ("batch", "continuous", "tp", "pd", "back", "side")  # walkthrough
 DYNAMIC_KEYS = (
     [f"stage.{n}.{part}" for n in STAGES for part in ("title", "summary", "watch", "name")]
     + [f"tut.s{n}.{part}" for n in STAGES for part in ("change", "why", "meters", "decision", "limits")]
-    + [f"meter.{m}" for m in ("kv", "weights", "decode", "slots", "ttft", "tpot", "goodput", "queue", "step", "transfer")]
+    + [f"meter.{m}" for m in ("kv", "weights", "decode", "slots", "ttft", "tpot", "goodput", "queue", "step",
+                              "transfer")]
     + [f"walk.meter.{m}" for m in WALK_METERS]
     + [f"walk.move.{d}" for d in ("up", "down", "appear", "vanish")]
     + [f"in.note.{s}" for s in ("serial", "static", "continuous")]
@@ -82,7 +83,7 @@ def test_both_files_have_the_same_keys_and_placeholders():
 def test_every_key_the_pages_scripts_and_api_use_is_in_both_files():
     keys = used_keys()
     assert {"intro.tutorial", "walk.meter.weights", "phrase.stream.sooner", "api.not_a_multiple", "api.not_between",
-            "api.busy", "api.invalid", "fmt.replicas.one", "tut.delta_measured", "tut.s5.limits"} <= keys  # the scan finds each kind of use
+            "api.busy", "api.invalid", "fmt.replicas.one", "tut.delta_measured", "tut.s5.limits"} <= keys  # each use
     for lang in LANGUAGES:
         assert sorted(keys - set(strings(lang))) == [], lang
 
@@ -177,7 +178,8 @@ def test_the_api_answers_errors_in_the_requested_language(lab_web, body, param, 
 def test_body_and_busy_errors_in_chinese(lab_web):
     not_json = post(lab_web.url, "/lab/api/simulate?lang=zh", content=b"{model: 1",
                     headers={"Content-Type": "application/json"})
-    assert not_json.status_code == 400 and not_json.json()["error"]["message"] == "请求体不是合法的 JSON（第 1 行第 2 列）"
+    assert not_json.status_code == 400
+    assert not_json.json()["error"]["message"] == "请求体不是合法的 JSON（第 1 行第 2 列）"
     not_utf8 = post(lab_web.url, "/lab/api/simulate?lang=zh", content=b'{"model": "\xff"}')
     assert not_utf8.status_code == 400 and "UTF-8" in not_utf8.json()["error"]["message"]
     not_object = post(lab_web.url, "/lab/api/advise?lang=zh", json=[1])
@@ -186,7 +188,8 @@ def test_body_and_busy_errors_in_chinese(lab_web):
     assert no_target.json()["error"] == {"message": "advise 需要 ttft_target_ms（tpot_target_ms 可选）",
                                          "type": "invalid_request_error", "param": "ttft_target_ms", "code": None}
     too_big = post(lab_web.url, "/lab/api/simulate?lang=zh", json={"model": "x" * 70_000})
-    assert too_big.status_code == 413 and too_big.json()["error"]["message"] == "请求体超过了 lab 的 65536 字节上限。"
+    assert too_big.status_code == 413
+    assert too_big.json()["error"]["message"] == "请求体超过了 lab 的 65536 字节上限。"
     missing = httpx.get(f"{lab_web.url}/lab/static/nope.js?lang=zh", timeout=10)
     assert missing.status_code == 404 and missing.json()["error"]["message"] == "没有名为 'nope.js' 的 lab 资源"
 
@@ -196,7 +199,8 @@ def test_successful_answers_do_not_depend_on_the_language(lab_web):
     plain = post(lab_web.url, "/lab/api/simulate", json=body)
     assert plain.status_code == 200
     assert post(lab_web.url, "/lab/api/simulate?lang=zh", json=body).content == plain.content
-    assert post(lab_web.url, "/lab/api/simulate", json=body, headers={"Accept-Language": "zh-CN"}).content == plain.content
+    chinese = post(lab_web.url, "/lab/api/simulate", json=body, headers={"Accept-Language": "zh-CN"})
+    assert chinese.content == plain.content
 
 
 def test_assets_are_exactly_the_listed_files_and_nothing_else_is_served(lab_web):

@@ -44,7 +44,8 @@ def english_left(page) -> list[tuple[str, list[str]]]:
 def wait_for_advice(page) -> None:
     """Until the advice is the current inputs' (not the previous, shown dimmed while the advisor runs)."""
     page.wait_for_function("document.getElementById('advice').dataset.status === 'ready' &&"
-                           " !document.getElementById('recommendation').classList.contains('stale')", timeout=TIMEOUT_MS)
+                           " !document.getElementById('recommendation').classList.contains('stale')",
+                           timeout=TIMEOUT_MS)
 
 
 def open_tutorial(open_lab, base_url: str, query: str = ""):
@@ -172,7 +173,8 @@ def test_the_tutorial_shows_every_stage_with_simulated_and_measured_figures(open
                 cell = f"{section} figure.measured tr[data-row='{row}'] td"
                 assert float(page.get_attribute(cell, "data-value")) == runs[n][row]
         else:
-            assert figure.startswith("Not measured yet") and page.locator(f"{section} figure.measured table").count() == 0
+            assert figure.startswith("Not measured yet")
+            assert page.locator(f"{section} figure.measured table").count() == 0
         if n > 1:
             assert page.inner_text(f"{section} .delta-sim").startswith(f"Simulated, against stage {n - 1}: p99 TTFT")
     assert page.inner_text("#stage-3 .delta-measured") == "Measured, against stage 2: p99 TTFT 20 s → 5.8 s; " \

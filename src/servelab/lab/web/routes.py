@@ -80,7 +80,8 @@ async def _read_json(request: Request, lang: str):
     try:
         return json.loads(body)
     except json.JSONDecodeError as err:
-        raise LabInputError(Message("not_json", {"error": str(err), "line": err.lineno, "column": err.colno})) from None
+        where = {"line": err.lineno, "column": err.colno}
+        raise LabInputError(Message("not_json", {"error": str(err), **where})) from None
     except UnicodeDecodeError as err:
         raise LabInputError(Message("not_utf8", {"error": str(err), "position": err.start})) from None
 

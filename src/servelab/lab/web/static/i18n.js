@@ -31,15 +31,16 @@ window.LabI18n = (() => {
     } catch (err) { /* storage disabled */ }
   }
 
+  // [language, whether it is a choice to remember]: a link's is, the browser's default is not
   function initialLanguage() {
     const linked = normalize(new URLSearchParams(location.search).get("lang"));
-    if (linked) return linked;
+    if (linked) return [linked, true];
     const stored = remembered();
-    if (stored) return stored;
+    if (stored) return [stored, false];
     for (const tag of navigator.languages || [navigator.language]) {
-      if (normalize(tag)) return normalize(tag);
+      if (normalize(tag)) return [normalize(tag), false];
     }
-    return "en";
+    return ["en", false];
   }
 
   async function load(value) {
@@ -98,16 +99,16 @@ window.LabI18n = (() => {
       button.dataset.lang = value;
       button.lang = HTML_LANG[value];
       button.textContent = name;
-      button.addEventListener("click", () => { setLanguage(value); });
+      button.addEventListener("click", () => { setLanguage(value, true); });
       holder.appendChild(button);
     }
   }
 
-  async function setLanguage(value) {
+  async function setLanguage(value, chosen) {
     const next = normalize(value) || "en";
     strings = await load(next);
     lang = next;
-    remember(next);
+    if (chosen) remember(next);
     const url = new URL(location.href);
     if (url.searchParams.has("lang")) { // keep a shared link's language in step with the switch
       url.searchParams.set("lang", next);
@@ -120,7 +121,7 @@ window.LabI18n = (() => {
   async function start() {
     buildSwitch();
     try {
-      await setLanguage(initialLanguage());
+      await setLanguage(...initialLanguage());
     } finally {
       document.documentElement.classList.remove("i18n-loading");
     }
