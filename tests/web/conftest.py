@@ -58,3 +58,29 @@ def browser(tmp_path_factory):
             yield context
         finally:
             context.close()
+
+
+@pytest.fixture
+def open_lab(browser):
+    """open_lab(base_url, path="/lab") -> a page showing the lab (with its first simulation rendered) or, for
+    another path, that page once loaded. Fails the test on any script error or console error (a string missing
+    from a language file is one), except the 429s the page waits out while the test's own API call runs."""
+    from lab_helpers import wait_for_result
+
+    pages, errors = [], []
+
+    def open_page(base_url: str, path: str = "/lab"):
+        page = browser.new_page()
+        page.on("pageerror", lambda err: errors.append(f"pageerror: {err}"))
+        page.on("console", lambda msg: errors.append(f"console: {msg.text}")
+                if msg.type == "error" and "status of 429" not in msg.text else None)
+        pages.append(page)
+        page.goto(f"{base_url}{path}")
+        if path.split("?")[0] == "/lab":
+            wait_for_result(page, "true")
+        return page
+
+    yield open_page
+    for page in pages:
+        page.close()
+    assert errors == []

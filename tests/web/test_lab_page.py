@@ -4,14 +4,12 @@ the stage, a deployment that does not fit says so, and under `servelab serve` th
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
-import pytest
 
+from lab_helpers import TIMEOUT_MS, api_simulate, wait_for_result
 from server_helpers import API_KEY
 
-TIMEOUT_MS = 60_000
 # meter element -> the API value it shows as data-value
 METER_VALUES = {
     "kv": ("kv_cache", "peak_usage"), "weights": ("weights", "bytes_per_gpu"),
@@ -21,48 +19,6 @@ METER_VALUES = {
 }
 BOTTLENECK_SOURCES = {"kv": "kv_cache", "weights": "weights", "decode": "decode_throughput", "slots": "batch_slots",
                       "ttft": "ttft", "tpot": "tpot", "goodput": "goodput", "queue": "queue", "step": "step_time"}
-
-
-@pytest.fixture
-def open_lab(browser):
-    """open_lab(base_url) -> a page showing /lab with its first simulation rendered. Fails the test on any
-    script error or console error, except the 429s the page waits out while the test's own API call runs."""
-    pages, errors = [], []
-
-    def open_page(base_url: str):
-        page = browser.new_page()
-        page.on("pageerror", lambda err: errors.append(f"pageerror: {err}"))
-        page.on("console", lambda msg: errors.append(f"console: {msg.text}")
-                if msg.type == "error" and "status of 429" not in msg.text else None)
-        pages.append(page)
-        page.goto(f"{base_url}/lab")
-        wait_for_result(page, "true")
-        return page
-
-    yield open_page
-    for page in pages:
-        page.close()
-    assert errors == []
-
-
-def wait_for_result(page, predicate: str) -> dict:
-    """Waits until the meters show a finished simulation whose inputs (`body`) satisfy the JS predicate."""
-    page.wait_for_function(
-        "() => { const m = document.getElementById('meters');"
-        " if (m.dataset.status !== 'ready') return false;"
-        f" const body = JSON.parse(m.dataset.body); return {predicate}; }}", timeout=TIMEOUT_MS)
-    return json.loads(page.get_attribute("#meters", "data-body"))
-
-
-def api_simulate(base_url: str, body: dict) -> dict:
-    """The API's answer for the page's inputs; waits its turn while the page's own advisor run holds the lab."""
-    for _ in range(240):
-        response = httpx.post(f"{base_url}/lab/api/simulate", json=body, timeout=60)
-        if response.status_code != 429:
-            break
-        time.sleep(0.25)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def meter_value(page, meter: str) -> float:

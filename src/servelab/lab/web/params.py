@@ -11,6 +11,7 @@ from servelab.config import SCHEDULE_POLICIES
 from servelab.lab.catalog import LOCAL_CPU, gpu_ids, model_ids
 from servelab.errors import FieldError
 from servelab.lab.api import AdviseRequest, DeploymentRequest, SimulateRequest, TargetsRequest
+from servelab.lab.web.messages import Message, error_message
 from servelab.workload import DATASETS, WorkloadConfig, generate_workload
 
 # Bounds that keep one simulation to seconds on a shared machine (the CLI has none).
@@ -30,36 +31,44 @@ LIMITS = {"num_prompts": MAX_NUM_PROMPTS, "num_gpus": MAX_NUM_GPUS, "input_len":
 
 
 class LabInputError(ValueError):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
+    """A bad request body: a message kind (see messages.py) and the JSON field it is about. str() is English."""
+
+    def __init__(self, message: Message, param: str | None = None) -> None:
+        super().__init__(message.render())
+        self.message = message
         self.param = param
+
+
+def _bad(field: str, kind: str, value, **values) -> LabInputError:
+    return LabInputError(Message(kind, {"field": field, "value": repr(value), **values}), field)
 
 
 def _int(field: str, value, low: int, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise LabInputError(f"{field} must be an integer, got {value!r}", field)
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise LabInputError(f"{field} must be {bound}, got {value}", field)
+        raise _bad(field, "not_an_integer", value)
+    if high is not None and not low <= value <= high:
+        raise _bad(field, "not_between", value, low=low, high=high)
+    if value < low:
+        raise _bad(field, "below", value, low=low)
     return value
 
 
 def _number(field: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
-        raise LabInputError(f"{field} must be a finite number, got {value!r}", field)
+        raise _bad(field, "not_finite", value)
     return float(value)
 
 
 def _positive(field: str, value) -> float:
     number = _number(field, value)
     if number <= 0:
-        raise LabInputError(f"{field} must be > 0, got {value!r}", field)
+        raise _bad(field, "not_positive", value)
     return number
 
 
 def _choice(field: str, value, choices) -> str:
     if value not in choices:
-        raise LabInputError(f"{field} must be one of {', '.join(choices)}, got {value!r}", field)
+        raise _bad(field, "not_a_choice", value, choices=", ".join(choices))
     return value
 
 
@@ -71,22 +80,21 @@ def _request_rate(field: str, value) -> float:
     if value == "inf":
         return math.inf
     if isinstance(value, bool) or not isinstance(value, Real) or not value > 0 or not math.isfinite(value):
-        raise LabInputError(f'{field} must be a number > 0 (requests/s) or "inf", got {value!r}', field)
+        raise _bad(field, "bad_rate", value)
     return float(value)
 
 
 def _range_ratio(field: str, value) -> float:
     ratio = _number(field, value)
     if not 0 <= ratio < 1:
-        raise LabInputError(f"{field} must be in [0, 1), got {value!r}", field)
+        raise _bad(field, "bad_ratio", value)
     return ratio
 
 
 def _disaggregate(field: str, value) -> tuple[int, int]:
     parts = value.split(":") if isinstance(value, str) else []
     if len(parts) != 2 or not all(part.strip().isdigit() and int(part) >= 1 for part in parts):
-        raise LabInputError(f'{field} must be a string like "1:3" (P:D, prefill and decode instances, each >= 1) or null, got {value!r}',
-                            field)
+        raise _bad(field, "bad_split", value)
     return int(parts[0]), int(parts[1])
 
 
@@ -97,7 +105,7 @@ def _gpu(field: str, value) -> str:
         try:
             load_cpu_profile()
         except ValueError as err:
-            raise LabInputError(f"{field} {LOCAL_CPU!r} needs this machine's profile: {err}", field) from None
+            raise _bad(field, "needs_profile", value, error=str(err)) from None
     return value
 
 
@@ -140,11 +148,12 @@ def lab_request(command: str, body) -> SimulateRequest | AdviseRequest:
     """The typed request of `servelab lab <command> --json` with the body's fields in place of the flags; the
     defaults are the request values' own (the command line's defaults too)."""
     if not isinstance(body, dict):
-        raise LabInputError("the request body must be a JSON object")
+        raise LabInputError(Message("not_an_object"))
     checks = FIELDS[command]
     unknown = sorted(set(body) - set(checks))
     if unknown:
-        raise LabInputError(f"unknown field {unknown[0]!r}; the fields are {', '.join(checks)}", unknown[0])
+        raise LabInputError(Message("unknown_field", {"name": repr(unknown[0]), "fields": ", ".join(checks)}),
+                            unknown[0])
     values = {field: checks[field](field, value) for field, value in body.items()}
     try:
         deployment = DeploymentRequest(**_values_for(DeploymentRequest, values))
@@ -162,14 +171,12 @@ def _check_size(command: str, workload: WorkloadConfig) -> None:
     num_tokens = sum(r.prompt_len + r.output_len for r in generate_workload(workload))  # milliseconds
     limit = MAX_WORKLOAD_TOKENS[command]
     if num_tokens > limit:
-        raise LabInputError(f"the workload has {num_tokens:,} prompt + output tokens, over the lab's {limit:,} per "
-                            f"{command}; send fewer (num_prompts) or shorter requests", "num_prompts")
+        raise LabInputError(Message("too_many_tokens", {"num_tokens": f"{num_tokens:,}", "limit": f"{limit:,}",
+                                                        "command": command}), "num_prompts")
 
 
 def field_message(err: ValueError) -> LabInputError:
     """A FieldError names the API's fields, which are the JSON body's: its first field is the error's param."""
     if isinstance(err, LabInputError):
         return err
-    if isinstance(err, FieldError):
-        return LabInputError(err.render(str), err.field)
-    return LabInputError(str(err))
+    return LabInputError(error_message(err), err.field if isinstance(err, FieldError) else None)

@@ -1,13 +1,17 @@
 """The lab page's routes, one APIRouter for `servelab serve` and `servelab lab web` alike:
 
-  GET  /lab                 the page (static/index.html, lab.js, lab.css under /lab/static/)
+  GET  /lab                 the page (static/index.html; its scripts, styles and data under /lab/static/)
+  GET  /lab/tutorial        the five stages explained, with simulated and measured figures (static/tutorial.html)
   GET  /lab/api/catalog     GPU and model ids with their key numbers, the evolution presets, the limits
   POST /lab/api/simulate    what `servelab lab simulate --json` prints for the same inputs, byte for byte
   POST /lab/api/advise      what `servelab lab advise --json` prints
   GET  /lab/api/status      whether a simulation is running
 
 Simulations run one at a time in a worker thread (a second concurrent one gets 429): the same process may
-be serving a model, and the event loop must keep streaming its tokens."""
+be serving a model, and the event loop must keep streaming its tokens.
+
+Every human-readable error message comes in the request's language (`?lang=zh` or Accept-Language, see
+messages.py); the `param` and the bodies of successful answers do not depend on it."""
 from __future__ import annotations
 
 import asyncio
@@ -25,13 +29,22 @@ from servelab.lab import api
 from servelab.lab.catalog import LOCAL_CPU, get_device, get_model, gpu_ids, model_ids
 from servelab.specs import GIB
 from servelab.lab.web.errors import bad_request, internal_error, lab_busy, not_found, request_too_large
-from servelab.lab.web.params import LIMITS, field_message, lab_request
+from servelab.lab.web.messages import Message, request_language
+from servelab.lab.web.params import LIMITS, LabInputError, field_message, lab_request
 from servelab.lab.web.presets import DEFAULT_INPUTS, DEFAULT_STAGE, PRESETS
 
 logger = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).parent / "static"
-ASSETS = {"lab.js": "text/javascript", "lab.css": "text/css"}
+# The only files served under /lab/static/: a name is looked up here, never joined to a path as given.
+ASSETS = {
+    "lab.js": "text/javascript", "i18n.js": "text/javascript", "phrases.js": "text/javascript",
+    "walkthrough.js": "text/javascript", "tutorial.js": "text/javascript", "lab.css": "text/css",
+    "i18n/en.json": "application/json", "i18n/zh.json": "application/json",
+    # a copy of benchmarks/results/stages-smollm2/stages-smollm2.json (`servelab bench stages`)
+    "measured/stages.json": "application/json",
+}
+PAGES = {"/lab": "index.html", "/lab/tutorial": "tutorial.html"}
 MAX_BODY_BYTES = 64 * 1024
 
 
@@ -42,9 +55,9 @@ class LabRunner:
     def __init__(self) -> None:
         self.running: str | None = None
 
-    async def run(self, command: str, work: Callable[[], str]) -> str:
+    async def run(self, command: str, work: Callable[[], str], lang: str) -> str:
         if self.running is not None:
-            raise lab_busy()
+            raise lab_busy(lang)
         self.running = command
         try:
             return await asyncio.to_thread(work)
@@ -55,19 +68,26 @@ class LabRunner:
 WORK = {"simulate": api.simulate, "advise": api.advise}
 
 
-async def _read_json(request: Request):
+async def _read_json(request: Request, lang: str):
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise request_too_large(MAX_BODY_BYTES)
+        raise request_too_large(MAX_BODY_BYTES, lang)
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_BODY_BYTES:
-            raise request_too_large(MAX_BODY_BYTES)
+            raise request_too_large(MAX_BODY_BYTES, lang)
     try:
         return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise bad_request(f"the request body is not valid JSON: {err}") from None
+    except json.JSONDecodeError as err:
+        where = {"line": err.lineno, "column": err.colno}
+        raise LabInputError(Message("not_json", {"error": str(err), **where})) from None
+    except UnicodeDecodeError as err:
+        raise LabInputError(Message("not_utf8", {"error": str(err), "position": err.start})) from None
+
+
+def _language(request: Request) -> str:
+    return request_language(request.query_params.get("lang"), request.headers.get("accept-language"))
 
 
 def catalog(live_engine: dict | None) -> dict:
@@ -106,20 +126,25 @@ def _error(err: OpenAIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
+def _page(file_name: str):
+    async def page() -> Response:
+        return FileResponse(STATIC_DIR / file_name, media_type="text/html", headers={"Cache-Control": "no-cache"})
+    return page
+
+
 def build_lab_router(live_engine: dict | None = None) -> APIRouter:
     """live_engine: where the page finds the serving engine's meters ({"metrics_stream": url,
     "needs_api_key": bool}), or None when no model is served (`servelab lab web`)."""
     router = APIRouter()
     runner = LabRunner()
 
-    @router.get("/lab")
-    async def page() -> Response:
-        return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
+    for route, file_name in PAGES.items():
+        router.add_api_route(route, _page(file_name), methods=["GET"])
 
-    @router.get("/lab/static/{name}")
-    async def asset(name: str) -> Response:
+    @router.get("/lab/static/{name:path}")
+    async def asset(name: str, request: Request) -> Response:
         if name not in ASSETS:
-            return _error(not_found(f"no lab asset {name!r}"))
+            return _error(not_found(name, _language(request)))
         return FileResponse(STATIC_DIR / name, media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})
 
     @router.get("/lab/api/catalog")
@@ -131,17 +156,17 @@ def build_lab_router(live_engine: dict | None = None) -> APIRouter:
         return JSONResponse({"running": runner.running})
 
     async def run(command: str, request: Request) -> Response:
+        lang = _language(request)
         try:
-            lab_input = lab_request(command, await _read_json(request))
-            text = await runner.run(command, lambda: api.format_json(WORK[command](lab_input).to_json()))
+            lab_input = lab_request(command, await _read_json(request, lang))
+            text = await runner.run(command, lambda: api.format_json(WORK[command](lab_input).to_json()), lang)
         except OpenAIError as err:
             return _error(err)
         except ValueError as err:
-            bad = field_message(err)
-            return _error(bad_request(str(bad), param=bad.param))
+            return _error(bad_request(field_message(err), lang))
         except Exception as err:  # a bug, not bad input: say so without a traceback
             logger.exception("lab %s failed", command)
-            return _error(internal_error(f"the lab {command} failed: {type(err).__name__}: {err}"))
+            return _error(internal_error(command, err, lang))
         return Response(text, media_type="application/json")
 
     @router.post("/lab/api/simulate")

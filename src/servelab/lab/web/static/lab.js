@@ -1,5 +1,5 @@
 // The servelab lab page: inputs -> POST /lab/api/simulate (and /advise) -> diagram, meters, decisions.
-// Plain JS, no build step, no network beyond this server.
+// Plain JS, no build step, no network beyond this server. Every string comes from LabI18n (i18n.js).
 "use strict";
 
 (() => {
@@ -11,37 +11,25 @@
   const SLOTS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512];
   const MAX_PAGE_GPUS = 64;
   const TPOT_SCALE_MS = 100; // full TPOT bar when no target is set
-  const DEBOUNCE_MS = 250;
+  const DEBOUNCE_MS = 30; // coalesces one gesture's events; pump() keeps one simulation in flight
   const ADVISE_SETTLE_MS = 500;
   const MAX_BUSY_RETRIES = 120;
-  const STAGE_NAMES = {
-    1: "one request at a time",
-    2: "static batching with a KV cache",
-    3: "continuous batching + paged attention",
-    4: "tensor-parallel sharding",
-    5: "prefill/decode disaggregation",
-  };
   const DEPLOYMENT_FIELDS = ["num_gpus", "tp", "schedule", "disaggregate"];
 
+  const { t, tn, fmt } = window.LabI18n;
+  const { num, pct, gib, ms } = fmt;
   const $ = (id) => document.getElementById(id);
   const state = {
     catalog: null, pending: false, inFlight: false, advising: false, debounce: null, adviseKey: null,
     simulations: 0,
+    last: null, // {body, result} of the simulation the meters show
+    advice: null, adviceError: null, error: null,
+    walk: null, // {stage, from} while a clicked card's simulation runs
+    walkView: null, // {stage, from, to} the step-by-step panel explains
   };
 
-  // ---- formatting
-  const num = (x, digits = 0) => Number(x).toLocaleString("en-US", { maximumFractionDigits: digits, minimumFractionDigits: digits });
-  const pct = (x) => `${num(x * 100, x > 0 && x < 0.1 ? 1 : 0)}%`;
-  const gib = (bytes) => num(bytes / 2 ** 30, 1);
   const memory = (bytes) => (bytes >= 2 ** 30 ? `${gib(bytes)} GiB` : `${num(bytes / 2 ** 20, 1)} MiB`);
-  const ms = (x) => {
-    if (x == null) return "–";
-    if (x >= 10000) return `${num(x / 1000, 0)} s`;
-    if (x >= 1000) return `${num(x / 1000, 1)} s`;
-    return `${num(x, x < 10 ? 1 : 0)} ms`;
-  };
-  const rateLabel = (r) => (r === "inf" ? "all at once" : `${num(r, 2)} req/s`);
-  const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+  const rateLabel = (r) => (r === "inf" ? t("fmt.all_at_once") : t("fmt.req_s", { n: num(r, 2) }));
 
   // ---- list sliders: a range input over an index into a list of values
   function listSlider(id, values) {
@@ -157,20 +145,19 @@
   function updateLabels() {
     const body = buildBody();
     $("out-rate").textContent = rateLabel(body.request_rate);
-    $("out-input-len").textContent = body.input_len == null ? "sharegpt-like" : `${num(body.input_len)} tokens`;
-    $("out-output-len").textContent = body.output_len == null ? "sharegpt-like" : `${num(body.output_len)} tokens`;
+    const tokens = (n) => (n == null ? "sharegpt-like" : t("fmt.tokens", { n: num(n) }));
+    $("out-input-len").textContent = tokens(body.input_len);
+    $("out-output-len").textContent = tokens(body.output_len);
     $("out-ttft").textContent = ms(body.ttft_target_ms);
     $("out-slots").textContent = String(body.max_num_seqs);
-    const instances = body.num_gpus / body.tp;
-    let shape = `${plural(instances, "replica")}`;
-    if (body.disaggregate) shape = `${body.disaggregate.replace(":", " prefill : ")} decode`;
-    $("out-gpus").textContent = `${body.num_gpus} (${shape}${body.tp > 1 ? `, TP ${body.tp}` : ""})`;
-    const notes = {
-      serial: "Switch off, 1 slot: serial, one request at a time.",
-      static: `Switch off: static batches of up to ${body.max_num_seqs}, contiguous KV per request.`,
-      continuous: `Up to ${body.max_num_seqs} requests join and leave every step; KV in 16-token blocks.`,
-    };
-    $("schedule-note").textContent = notes[body.schedule];
+    let shape = tn("fmt.replicas", body.num_gpus / body.tp);
+    if (body.disaggregate) {
+      const [p, d] = body.disaggregate.split(":");
+      shape = t("fmt.split", { p, d });
+    }
+    $("out-gpus").textContent = body.tp > 1 ? t("fmt.gpus_shape_tp", { n: body.num_gpus, shape, tp: body.tp })
+      : t("fmt.gpus_shape", { n: body.num_gpus, shape });
+    $("schedule-note").textContent = t(`in.note.${body.schedule}`, { n: body.max_num_seqs });
     $("cli-command").textContent = cliCommand(body);
   }
 
@@ -202,7 +189,7 @@
   function scheduleRun(delay = DEBOUNCE_MS) {
     clearTimeout(state.debounce);
     $("meters").dataset.status = "pending";
-    if (state.advising) $("run-status").textContent = "queued: the advisor is still simulating shapes";
+    if (state.advising) $("run-status").textContent = t("status.queued");
     state.debounce = setTimeout(() => { state.pending = true; pump(); }, delay);
   }
 
@@ -228,45 +215,49 @@
     }
   }
 
-  const sleep = (t) => new Promise((resolve) => setTimeout(resolve, t));
+  const sleep = (ms_) => new Promise((resolve) => setTimeout(resolve, ms_));
 
   async function callLab(command, body, statusEl) {
     for (let attempt = 0; attempt <= MAX_BUSY_RETRIES; attempt++) {
-      const response = await fetch(`/lab/api/${command}`, {
+      const response = await fetch(window.LabI18n.api(`/lab/api/${command}`), {
         method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
       });
       if (response.status === 429) {
-        statusEl.textContent = "waiting: another simulation is running";
+        statusEl.textContent = t("status.waiting");
         await sleep(1000 * Number(response.headers.get("Retry-After") || 1));
         continue;
       }
       const payload = await response.json();
       if (!response.ok) {
         const error = payload.error || {};
-        throw new Error(`${error.message || response.statusText}${error.param ? ` (field: ${error.param})` : ""}`);
+        const message = error.message || response.statusText;
+        throw new Error(error.param ? t("error.with_field", { message, param: error.param }) : message);
       }
       return payload;
     }
-    throw new Error("the lab stayed busy; try again in a moment");
+    throw new Error(t("error.busy"));
   }
 
   async function simulate(body) {
     const status = $("run-status");
     status.className = "run-status busy";
-    status.textContent = "simulating";
+    status.textContent = t("status.simulating");
     $("meters").dataset.status = "busy";
     const started = performance.now();
     try {
       const result = await callLab("simulate", body, status);
       hideError();
       render(body, result);
+      const seconds = (performance.now() - started) / 1000;
+      state.last = { body, result, seconds };
       status.className = "run-status";
-      status.textContent = `simulated in ${num((performance.now() - started) / 1000, 2)} s`;
+      status.textContent = t("status.simulated", { s: num(seconds, 2) });
+      finishWalk(body, result);
       $("meters").dataset.body = JSON.stringify(body);
       $("meters").dataset.runs = String(++state.simulations);
       $("meters").dataset.status = "ready";
     } catch (err) {
-      showError(`Simulation not run: ${err.message}`);
+      showError(t("error.not_run", { message: err.message }));
       status.className = "run-status";
       status.textContent = "";
       $("meters").dataset.status = "error";
@@ -274,32 +265,32 @@
   }
 
   function showError(message) {
+    state.error = message;
     const banner = $("error-banner");
     banner.textContent = message;
     banner.hidden = false;
   }
 
   function hideError() {
+    state.error = null;
     $("error-banner").hidden = true;
   }
 
   // ---- meters
-  const METERS = [
-    ["kv", "KV-cache pressure"], ["weights", "Weights per GPU"], ["decode", "Decode throughput vs capacity"],
-    ["slots", "Batch-slot saturation"], ["ttft", "Time to first token (p50 / p99)"], ["tpot", "Time per output token"],
-    ["goodput", "Goodput"], ["queue", "Queueing"], ["step", "Step time"], ["transfer", "KV handoff (prefill → decode)"],
-  ];
+  const METERS = ["kv", "weights", "decode", "slots", "ttft", "tpot", "goodput", "queue", "step", "transfer"];
 
   function buildMeters() {
     const list = $("meter-list");
-    for (const [id, name] of METERS) {
+    for (const id of METERS) {
       const el = document.createElement("div");
       el.className = "meter";
       el.id = `meter-${id}`;
-      el.innerHTML = `<div class="meter-head"><span class="meter-name">${name}</span><span class="badge">bottleneck</span></div>
-        <div class="bar"><div class="fill"></div></div><div class="meter-value">–</div>`;
+      el.innerHTML = `<div class="meter-head"><span class="meter-name" data-i18n="meter.${id}"></span>` +
+        `<span class="badge" data-i18n="meter.bottleneck"></span></div>` +
+        `<div class="bar"><div class="fill"></div></div><div class="meter-value">–</div>`;
       list.appendChild(el);
     }
+    window.LabI18n.apply(list);
   }
 
   // spec: {value, fill, marks: [[at, cls]], segments: [[share, color]], text, bottleneck, na, hidden}
@@ -339,9 +330,9 @@
     const scale = meter.target_ms ? 2 * meter.target_ms : (label === "tpot" ? TPOT_SCALE_MS : meter.p99_ms || 1);
     const marks = [[meter.median_ms / scale, "p50"]];
     if (meter.target_ms) marks.push([0.5, "target"]);
-    let text = `p50 ${ms(meter.median_ms)} · p99 ${ms(meter.p99_ms)}`;
-    text += meter.target_ms ? ` · target ${ms(meter.target_ms)}` : " · no target";
-    if (meter.attainment != null) text += ` (${pct(meter.attainment)} of requests within it)`;
+    let text = t("meter.latency", { p50: ms(meter.median_ms), p99: ms(meter.p99_ms) });
+    text += meter.target_ms ? t("meter.latency_target", { target: ms(meter.target_ms) }) : t("meter.no_target");
+    if (meter.attainment != null) text += t("meter.attainment", { share: pct(meter.attainment) });
     return { value: meter.p99_ms, fill: Math.min(meter.p99_ms / scale, 1.0001), marks, text, bottleneck: meter.bottleneck };
   }
 
@@ -354,41 +345,43 @@
       setMeter("weights", {
         value: w.bytes_per_gpu, fill: w.share_of_memory, marks: [[w.usable_bytes / w.memory_bytes, "target"]],
         bottleneck: true,
-        text: `${gib(w.bytes_per_gpu)} GiB per GPU (TP ${body.tp}) vs ${gib(w.usable_bytes)} GiB usable of ` +
-          `${gib(w.memory_bytes)} GiB; activations ${gib(w.activation_bytes)} GiB; KV left ${gib(w.kv_cache_bytes_per_gpu)} GiB ` +
-          `= ${num(w.kv_cache_tokens)} tokens for requests of up to ${num(w.max_request_tokens)}`,
+        text: t("meter.weights_no_fit", { weights: gib(w.bytes_per_gpu), tp: body.tp, usable: gib(w.usable_bytes),
+          memory: gib(w.memory_bytes), activations: gib(w.activation_bytes), kv: gib(w.kv_cache_bytes_per_gpu),
+          tokens: num(w.kv_cache_tokens), largest: num(w.max_request_tokens) }),
       });
-      for (const [id] of METERS) {
-        if (id !== "weights") setMeter(id, { na: true, text: "– (not simulated: the deployment does not fit)", hidden: id === "transfer" });
+      for (const id of METERS) {
+        if (id !== "weights") setMeter(id, { na: true, text: t("meter.not_simulated"), hidden: id === "transfer" });
       }
       return;
     }
     const kv = m.kv_cache;
-    let kvText = `peak ${pct(kv.peak_usage)} · mean ${pct(kv.mean_usage)} of ${num(kv.num_blocks)} blocks ` +
-      `(${num(kv.num_blocks * kv.block_size)} tokens)`;
-    if (kv.reserved_unused_share != null) kvText += ` · ${pct(kv.reserved_unused_share)} reserved but unused`;
-    kvText += ` · ${plural(kv.num_preemptions, "preemption")}`;
+    let kvText = t("meter.kv_text", { peak: pct(kv.peak_usage), mean: pct(kv.mean_usage), blocks: num(kv.num_blocks),
+      tokens: num(kv.num_blocks * kv.block_size) });
+    if (kv.reserved_unused_share != null) kvText += t("meter.kv_unused", { share: pct(kv.reserved_unused_share) });
+    kvText += ` · ${tn("fmt.preemptions", kv.num_preemptions)}`;
     setMeter("kv", { value: kv.peak_usage, fill: kv.peak_usage, marks: [[0.9, "target"]], text: kvText, bottleneck: kv.bottleneck });
 
     const w = m.weights;
-    let wText = `${gib(w.bytes_per_gpu)} GiB of ${gib(w.bytes_per_gpu / w.share_of_memory)} GiB (${pct(w.share_of_memory)})`;
-    if (body.tp > 1) wText += ` · whole model ${gib(w.bytes_per_gpu * body.tp)} GiB over TP ${body.tp}`;
-    wText += ` · KV pool ${gib(w.kv_cache_bytes_per_gpu)} GiB`;
+    let wText = t("meter.weights_text", { weights: gib(w.bytes_per_gpu), memory: gib(w.bytes_per_gpu / w.share_of_memory),
+      share: pct(w.share_of_memory) });
+    if (body.tp > 1) wText += t("meter.weights_tp", { whole: gib(w.bytes_per_gpu * body.tp), tp: body.tp });
+    wText += t("meter.weights_kv", { kv: gib(w.kv_cache_bytes_per_gpu) });
     setMeter("weights", { value: w.bytes_per_gpu, fill: w.share_of_memory, marks: [[0.75, "target"]], text: wText, bottleneck: w.bottleneck });
 
     const d = m.decode_throughput;
     const demanded = d.demanded_tokens_per_s != null;
     setMeter("decode", {
       value: d.utilization, fill: Math.min(d.utilization, 1.0001), marks: [[0.9, "target"]], bottleneck: d.bottleneck,
-      text: `${num(demanded ? d.demanded_tokens_per_s : d.served_tokens_per_s)} tok/s ${demanded ? "demanded" : "served"} of ` +
-        `${num(d.capacity_tokens_per_s)} capacity (${pct(d.utilization)})`,
+      text: t(demanded ? "meter.decode_demanded" : "meter.decode_served", {
+        tps: num(demanded ? d.demanded_tokens_per_s : d.served_tokens_per_s), capacity: num(d.capacity_tokens_per_s),
+        share: pct(d.utilization) }),
     });
 
     const s = m.batch_slots;
     setMeter("slots", {
       value: s.mean_saturation, fill: s.mean_saturation, bottleneck: s.bottleneck,
-      text: `mean ${num(s.mean_running, 1)} · peak ${num(s.peak_running)} of ${num(s.max_num_seqs)} slots; all full with ` +
-        `requests waiting ${pct(s.full_with_waiting_share)} of the time`,
+      text: t("meter.slots_text", { mean: num(s.mean_running, 1), peak: num(s.peak_running), slots: num(s.max_num_seqs),
+        full: pct(s.full_with_waiting_share) }),
     });
 
     setMeter("ttft", latencySpec(m.ttft, "ttft"));
@@ -398,14 +391,15 @@
     const hasTargets = body.ttft_target_ms != null || body.tpot_target_ms != null;
     setMeter("goodput", {
       value: g.slo_attainment, fill: g.slo_attainment, marks: [[0.99, "target"]], bottleneck: g.bottleneck,
-      text: hasTargets ? `${num(g.requests_per_s, 2)} req/s meet every target (${pct(g.slo_attainment)} of requests)`
-        : `${num(g.requests_per_s, 2)} req/s (no targets set)`,
+      text: hasTargets ? t("meter.goodput_text", { rps: num(g.requests_per_s, 2), share: pct(g.slo_attainment) })
+        : t("meter.goodput_no_targets", { rps: num(g.requests_per_s, 2) }),
     });
 
     const q = m.queue;
     setMeter("queue", {
       value: q.mean_queue_ms, fill: q.share_of_ttft, marks: [[0.5, "target"]], bottleneck: q.bottleneck,
-      text: `mean wait ${ms(q.mean_queue_ms)} = ${pct(q.share_of_ttft)} of TTFT · peak ${plural(q.peak_waiting, "request")} waiting`,
+      text: t("meter.queue_text", { wait: ms(q.mean_queue_ms), share: pct(q.share_of_ttft),
+        peak: tn("fmt.requests_waiting", q.peak_waiting) }),
     });
 
     const st = m.step_time;
@@ -413,22 +407,21 @@
     setMeter("step", {
       value: st.mean_step_ms, bottleneck: st.bottleneck,
       segments: parts.map((k) => [st[`${k}_share`] || 0, STEP_COLORS[k]]),
-      text: `${num(st.mean_step_ms, 2)} ms per step: weights ${pct(st.weights_share || 0)}, attention ` +
-        `${pct(st.attention_share || 0)}, all-reduce ${pct(st.communication_share || 0)}, overhead ${pct(st.overhead_share || 0)}`,
+      text: t("meter.step_text", { step: num(st.mean_step_ms, 2), weights: pct(st.weights_share || 0),
+        attention: pct(st.attention_share || 0), comm: pct(st.communication_share || 0),
+        overhead: pct(st.overhead_share || 0) }),
     });
 
-    const t = m.kv_transfer;
-    setMeter("transfer", t ? {
-      value: t.mean_ms, fill: t.share_of_ttft, marks: [[0.5, "target"]], bottleneck: t.bottleneck,
-      text: `mean ${ms(t.mean_ms)} · p99 ${ms(t.p99_ms)} = ${pct(t.share_of_ttft)} of TTFT`,
+    const x = m.kv_transfer;
+    setMeter("transfer", x ? {
+      value: x.mean_ms, fill: x.share_of_ttft, marks: [[0.5, "target"]], bottleneck: x.bottleneck,
+      text: t("meter.transfer_text", { mean: ms(x.mean_ms), p99: ms(x.p99_ms), share: pct(x.share_of_ttft) }),
     } : { hidden: true, text: "" });
   }
 
-  const BOTTLENECK_NAMES = {
-    kv_cache: "KV-cache pressure", weights: "weights per GPU", decode_throughput: "decode capacity",
-    batch_slots: "batch slots", ttft: "TTFT over its target", tpot: "TPOT over its target", goodput: "goodput",
-    preemptions: "preemptions", queue: "queueing", step_time: "all-reduce time", kv_transfer: "KV handoff",
-  };
+  // the API's meter groups -> the bottleneck line's names
+  const BOTTLENECKS = ["kv_cache", "weights", "decode_throughput", "batch_slots", "ttft", "tpot", "goodput",
+    "preemptions", "queue", "step_time", "kv_transfer"];
 
   function render(body, r) {
     renderMeters(body, r);
@@ -436,36 +429,39 @@
     const notFit = $("does-not-fit");
     if (!r.fits) {
       notFit.hidden = false;
-      notFit.innerHTML = "<strong>Does not fit</strong>";
-      notFit.appendChild(document.createTextNode(r.reason));
+      notFit.replaceChildren();
+      const title = document.createElement("strong");
+      title.textContent = t("fit.title");
+      notFit.append(title, window.LabPhrases.reason(r.reason));
       line.className = "bottleneck-line flagged";
-      line.textContent = "Bottleneck: memory. Shard the model (tensor parallelism) or pick a GPU with more memory.";
+      line.textContent = t("fit.bottleneck");
       $("summary-line").textContent = "";
     } else {
       notFit.hidden = true;
-      const flagged = Object.entries(r.meters).filter(([, v]) => v && v.bottleneck).map(([k]) => BOTTLENECK_NAMES[k] || k);
+      const flagged = Object.entries(r.meters).filter(([, v]) => v && v.bottleneck)
+        .map(([k]) => (BOTTLENECKS.includes(k) ? t(`bottleneck.${k}`) : k));
       line.className = `bottleneck-line ${flagged.length ? "flagged" : "clear"}`;
-      line.textContent = flagged.length ? `Bottleneck: ${flagged.join(", ")}` : "No bottleneck: every meter is inside its limit.";
+      line.textContent = flagged.length ? t("bottleneck.line", { names: flagged.join(t("fmt.list_separator")) })
+        : t("bottleneck.none");
       const x = r.metrics;
-      $("summary-line").textContent = `${num(x.output_throughput)} output tok/s · ${num(x.request_throughput, 2)} req/s completed · ` +
-        `E2E p50 ${ms(x.median_e2el_ms)} · ${num(x.completed)} requests over ${num(x.duration, 1)} s of simulated time`;
+      $("summary-line").textContent = t("meter.summary", { tps: num(x.output_throughput), rps: num(x.request_throughput, 2),
+        e2e: ms(x.median_e2el_ms), completed: num(x.completed), duration: num(x.duration, 1) });
     }
     renderDiagram(body, r);
     renderStageCards(body);
   }
 
-  // ---- the diagram: [id, title, x, y, width] of each box, 58 high
+  // ---- the diagram: [id, x, y, width] of each box, 58 high
   const SVG_NS = "http://www.w3.org/2000/svg";
+  const BOX_PADDING = 5;
   const BOXES = [
-    ["clients", "Clients", 10, 112, 130], ["gateway", "Gateway", 166, 112, 130],
-    ["scheduler", "Scheduler", 322, 112, 140], ["prefill", "Prefill pool", 496, 18, 150],
-    ["workers", "GPU workers", 496, 112, 150], ["kv", "Paged KV cache", 676, 112, 160],
-    ["shards", "Model shards", 496, 206, 150], ["metrics", "Metrics stream", 322, 230, 140],
+    ["clients", 10, 112, 130], ["gateway", 166, 112, 130], ["scheduler", 322, 112, 140], ["prefill", 496, 18, 150],
+    ["workers", 496, 112, 150], ["kv", 676, 112, 160], ["shards", 496, 206, 150], ["metrics", 322, 230, 140],
   ];
 
   function buildDiagram() {
     const holder = $("boxes");
-    for (const [id, title, x, y, width] of BOXES) {
+    for (const [id, x, y, width] of BOXES) {
       const box = document.createElementNS(SVG_NS, "g");
       box.id = `box-${id}`;
       box.setAttribute("class", "box");
@@ -473,27 +469,40 @@
       const rect = document.createElementNS(SVG_NS, "rect");
       for (const [k, v] of Object.entries({ width, height: 58, rx: 10 })) rect.setAttribute(k, String(v));
       box.appendChild(rect);
-      for (const [cls, line, text] of [["box-title", 24, title], ["box-sub", 44, ""]]) {
+      for (const [cls, line] of [["box-title", 24], ["box-sub", 44]]) {
         const node = document.createElementNS(SVG_NS, "text");
         node.id = `${cls === "box-title" ? "title" : "sub"}-${id}`;
         node.setAttribute("class", cls);
         node.setAttribute("x", String(width / 2));
         node.setAttribute("y", String(line));
-        node.textContent = text;
         box.appendChild(node);
       }
       holder.appendChild(box);
     }
   }
 
-  function setBox(id, on, isNew, sub, bottleneck = false) {
+  // SVG text does not wrap: a label wider than its box (some languages' labels are) is squeezed to fit.
+  function fitText(node, text, width) {
+    node.textContent = text;
+    node.removeAttribute("textLength");
+    node.removeAttribute("lengthAdjust");
+    const room = width - 2 * BOX_PADDING;
+    if (node.getComputedTextLength() > room) {
+      node.setAttribute("textLength", String(room));
+      node.setAttribute("lengthAdjust", "spacingAndGlyphs");
+    }
+  }
+
+  function setBox(id, on, isNew, title, sub, bottleneck = false) {
     const box = $(`box-${id}`);
     box.classList.toggle("on", on);
     box.classList.toggle("off", !on);
     box.classList.toggle("new", on && isNew);
     box.classList.toggle("bottleneck", bottleneck);
     box.dataset.state = on ? "active" : "idle";
-    if (sub != null) $(`sub-${id}`).textContent = sub;
+    const width = BOXES.find(([name]) => name === id)[3];
+    fitText($(`title-${id}`), title, width);
+    fitText($(`sub-${id}`), sub, width);
     const note = document.querySelector(`#diagram-notes li[data-box="${id}"]`);
     if (note) note.classList.toggle("off", !on);
   }
@@ -509,54 +518,73 @@
     const instances = body.num_gpus / body.tp;
     const paged = body.schedule === "continuous";
     const weights = r ? r.meters.weights : null;
-    $("stage-label").textContent = `Stage ${stage} · ${STAGE_NAMES[stage]}`;
+    $("stage-label").textContent = t("arch.stage_label", { n: stage, name: t(`stage.${stage}.name`) });
     $("architecture").dataset.stage = String(stage);
 
-    setBox("clients", true, false, rateLabel(body.request_rate));
-    setBox("gateway", true, false, "admits + streams");
-    const schedulerSub = { serial: "one at a time", static: `static batches of ${body.max_num_seqs}`,
-      continuous: `continuous, ${body.max_num_seqs} slots` }[body.schedule];
-    setBox("scheduler", true, stage <= 3, schedulerSub, Boolean(m && (m.batch_slots.bottleneck || m.queue.bottleneck)));
-    setBox("prefill", Boolean(split), stage === 5,
-      split ? `${plural(split[0], "instance")} × TP ${body.tp}` : "off (mixed into steps)");
-    const workerSub = split ? `${plural(split[1], "decode instance")}` : `${plural(instances, "replica")} × ${plural(body.tp, "GPU")}`;
+    setBox("clients", true, false, t("box.clients"), rateLabel(body.request_rate));
+    setBox("gateway", true, false, t("box.gateway"), t("box.gateway_sub"));
+    setBox("scheduler", true, stage <= 3, t("box.scheduler"), t(`box.scheduler_${body.schedule}`, { n: body.max_num_seqs }),
+      Boolean(m && (m.batch_slots.bottleneck || m.queue.bottleneck)));
+    setBox("prefill", Boolean(split), stage === 5, t("box.prefill"),
+      split ? t("box.prefill_on", { instances: tn("fmt.instances", split[0]), tp: body.tp }) : t("box.prefill_off"));
+    const workerSub = split ? tn("fmt.decode_instances", split[1])
+      : t("box.workers_sub", { replicas: tn("fmt.replicas", instances), gpus: tn("fmt.gpus", body.tp) });
     const weightsFlag = Boolean(r && (!r.fits || r.meters.weights.bottleneck));
-    setBox("workers", true, false, workerSub, Boolean((m && m.decode_throughput.bottleneck) || (weightsFlag && body.tp === 1)));
-    $("title-kv").textContent = paged ? "Paged KV cache" : "KV cache";
-    let kvSub = paged ? "blocks of 16" : (body.schedule === "serial" ? "one reservation" : "contiguous");
-    if (m) kvSub += ` · peak ${pct(m.kv_cache.peak_usage)}`;
-    setBox("kv", true, stage === 2 || stage === 3, kvSub, Boolean(m && m.kv_cache.bottleneck));
-    setBox("shards", body.tp > 1, stage === 4,
-      body.tp > 1 ? `TP ${body.tp}${weights ? `: ${gib(weights.bytes_per_gpu)} GiB/GPU` : ""}` : "off: whole model/GPU",
-      weightsFlag && body.tp > 1);
-    setBox("metrics", true, false, "async, off hot path");
+    setBox("workers", true, false, t("box.workers"), workerSub,
+      Boolean((m && m.decode_throughput.bottleneck) || (weightsFlag && body.tp === 1)));
+    let kvSub = t(paged ? "box.kv_paged" : (body.schedule === "serial" ? "box.kv_serial" : "box.kv_contiguous"));
+    if (m) kvSub += t("box.kv_peak", { peak: pct(m.kv_cache.peak_usage) });
+    setBox("kv", true, stage === 2 || stage === 3, t(paged ? "box.kv_title_paged" : "box.kv_title"), kvSub,
+      Boolean(m && m.kv_cache.bottleneck));
+    let shardsSub = t("box.shards_off");
+    if (body.tp > 1) shardsSub = weights ? t("box.shards_on_gib", { tp: body.tp, gib: gib(weights.bytes_per_gpu) }) : `TP ${body.tp}`;
+    setBox("shards", body.tp > 1, stage === 4, t("box.shards"), shardsSub, weightsFlag && body.tp > 1);
+    setBox("metrics", true, false, t("box.metrics"), t("box.metrics_sub"));
     setLink("link-scheduler-prefill", Boolean(split));
     setLink("link-prefill-workers", Boolean(split));
     setLink("link-workers-shards", body.tp > 1);
     $("label-handoff").classList.toggle("off", !split);
   }
 
-  // ---- evolution cards
+  // ---- evolution cards and their step-by-step explanation
   function buildStageCards() {
     const holder = $("stage-cards");
     for (const preset of state.catalog.presets) {
+      const n = preset.stage;
       const card = document.createElement("button");
       card.type = "button";
       card.className = "stage-card";
-      card.id = `stage-card-${preset.stage}`;
-      card.dataset.stage = String(preset.stage);
-      card.innerHTML = `<span class="num">${preset.stage}</span><span class="title"></span><p class="summary"></p><p class="watch"></p>`;
-      card.querySelector(".title").textContent = preset.title;
-      card.querySelector(".summary").textContent = preset.summary;
-      card.querySelector(".watch").textContent = `Watch: ${preset.watch}`;
-      card.addEventListener("click", () => {
-        setInputs(preset.inputs);
-        renderStageCards(buildBody());
-        renderDiagram(buildBody(), null);
-        scheduleRun(0);
-      });
+      card.id = `stage-card-${n}`;
+      card.dataset.stage = String(n);
+      card.innerHTML = `<span class="num">${n}</span><span class="title" data-i18n="stage.${n}.title"></span>` +
+        `<p class="summary" data-i18n="stage.${n}.summary"></p><p class="watch" data-i18n="stage.${n}.watch"></p>`;
+      card.addEventListener("click", () => selectStage(preset));
       holder.appendChild(card);
     }
+    window.LabI18n.apply(holder);
+    labelPresets();
+  }
+
+  // the "preset" tag that CSS draws on the card whose inputs are the preset's
+  function labelPresets() {
+    document.querySelectorAll(".stage-card").forEach((card) => { card.dataset.presetLabel = t("path.preset"); });
+  }
+
+  function selectStage(preset) {
+    state.walk = { stage: preset.stage, from: state.last };
+    setInputs(preset.inputs);
+    renderStageCards(buildBody());
+    renderDiagram(buildBody(), null);
+    scheduleRun(0);
+  }
+
+  function finishWalk(body, result) {
+    if (!state.walk) return;
+    const preset = state.catalog.presets.find((p) => p.stage === state.walk.stage);
+    if (!sameInputs(body, preset.inputs)) return; // a newer input change: not the card's run
+    state.walkView = { ...state.walk, to: { body, result } };
+    state.walk = null;
+    window.LabWalkthrough.render(state.walkView);
   }
 
   function renderStageCards(body) {
@@ -586,21 +614,19 @@
   async function advise(body, key) {
     const status = $("advice-status");
     status.className = "run-status busy";
-    status.textContent = "simulating candidate shapes";
+    status.textContent = t("status.advising");
     $("advice").dataset.status = "busy";
     state.advising = true;
     try {
-      const advice = await callLab("advise", body, status);
+      state.advice = await callLab("advise", body, status);
+      state.adviceError = null;
       state.adviseKey = key;
-      renderAdvice(advice);
-      status.className = "run-status";
-      status.textContent = `${plural(advice.candidates.length, "shape")} simulated`;
+      renderAdvice();
       $("advice").dataset.status = "ready";
     } catch (err) {
-      status.className = "run-status";
-      status.textContent = "";
-      $("recommendation").textContent = `The advisor did not run: ${err.message}`;
-      $("decisions").replaceChildren();
+      state.advice = null;
+      state.adviceError = err.message;
+      renderAdvice();
       $("advice").dataset.status = "error";
     } finally {
       state.advising = false;
@@ -614,41 +640,54 @@
   }
 
   function shapeText(d) {
-    const shape = d.disaggregate ? `${d.disaggregate.replace(":", " prefill + ")} decode instances` : plural(d.num_instances, "replica");
-    return `${d.num_gpus}× ${gpuName(d.gpu)}, TP ${d.tp}, ${shape}`;
+    const shape = d.disaggregate ? t("fmt.split_instances", { p: d.disaggregate.split(":")[0], d: d.disaggregate.split(":")[1] })
+      : tn("fmt.replicas", d.num_instances);
+    return t("advice.shape", { n: d.num_gpus, gpu: gpuName(d.gpu), tp: d.tp, shape });
   }
 
-  function renderAdvice(advice) {
+  function renderAdvice() {
+    const status = $("advice-status");
     const holder = $("recommendation");
+    const list = $("decisions");
     holder.replaceChildren();
+    list.replaceChildren();
+    status.className = "run-status";
+    if (state.adviceError) {
+      status.textContent = "";
+      holder.textContent = t("advice.failed", { message: state.adviceError });
+      return;
+    }
+    const advice = state.advice;
+    if (!advice) return;
+    const shapes = tn("fmt.shapes", advice.candidates.length);
+    status.textContent = t("advice.simulated", { shapes });
     const rec = advice.recommendation;
     if (!rec) {
-      holder.textContent = `No shape of up to ${advice.max_gpus} GPUs meets these targets ` +
-        `(${plural(advice.candidates.length, "shape")} simulated). Loosen the targets, or pick a larger GPU.`;
+      holder.textContent = t("advice.none", { max: advice.max_gpus, shapes });
     } else {
       const x = rec.metrics;
       holder.innerHTML = `<div class="shape"></div><div class="rec-metrics"></div>`;
       holder.querySelector(".shape").textContent = shapeText(rec.deployment);
-      holder.querySelector(".rec-metrics").textContent = `p99 TTFT ${ms(x.p99_ttft_ms)} · p99 TPOT ${ms(x.p99_tpot_ms)} · ` +
-        `${num(x.output_throughput)} output tok/s · ${plural(advice.candidates.length, "shape")} simulated`;
+      holder.querySelector(".rec-metrics").textContent = t("advice.metrics", { ttft: ms(x.p99_ttft_ms),
+        tpot: ms(x.p99_tpot_ms), tps: num(x.output_throughput), shapes });
       const apply = document.createElement("button");
       apply.type = "button";
       apply.id = "apply-recommendation";
-      apply.textContent = "Use this shape";
+      apply.textContent = t("advice.apply");
       apply.addEventListener("click", () => {
         setInputs({ ...buildBody(), ...rec.deployment, schedule: "continuous", max_num_seqs: rec.deployment.max_num_seqs });
         scheduleRun(0);
       });
       holder.appendChild(apply);
     }
-    const list = $("decisions");
-    list.replaceChildren();
     for (const d of advice.decisions) {
       const li = document.createElement("li");
-      li.innerHTML = `<span class="decision"></span><span class="pill ${d.taken ? "taken" : "not-taken"}">` +
-        `${d.taken ? "taken" : "not taken"}</span><span class="why"></span>`;
-      li.querySelector(".decision").textContent = d.decision;
-      li.querySelector(".why").textContent = d.why;
+      li.innerHTML = `<span class="decision"></span><span class="pill ${d.taken ? "taken" : "not-taken"}"></span>` +
+        `<span class="why"></span>`;
+      li.dataset.decision = d.decision;
+      li.querySelector(".decision").textContent = window.LabPhrases.decision(d.decision);
+      li.querySelector(".pill").textContent = t(d.taken ? "advice.taken" : "advice.not_taken");
+      li.querySelector(".why").textContent = window.LabPhrases.why(d.why);
       list.appendChild(li);
     }
   }
@@ -657,20 +696,20 @@
   function startLive(info) {
     $("live").hidden = false;
     const badge = $("engine-badge");
-    badge.textContent = "live engine + simulator";
+    badge.dataset.i18n = "badge.live";
+    badge.textContent = t("badge.live");
     badge.classList.add("live");
     if (info.needs_api_key) {
-      $("live-note").textContent = "This server protects its metrics (--protect-metrics) and a browser stream cannot send " +
-        "the API key; read them with curl -N -H 'Authorization: Bearer KEY' " + info.metrics_stream;
+      startLiveNote(info);
       return;
     }
     const status = $("live-status");
     const source = new EventSource(info.metrics_stream);
-    source.onopen = () => { status.textContent = "connected"; };
-    source.onerror = () => { status.textContent = "reconnecting"; };
+    source.onopen = () => { status.textContent = t("live.connected"); };
+    source.onerror = () => { status.textContent = t("live.reconnecting"); };
     source.onmessage = (event) => {
       const s = JSON.parse(event.data);
-      status.textContent = "connected";
+      status.textContent = t("live.connected");
       const kv = s.kv_cache_usage_perc;
       $("live-kv").textContent = kv == null ? "–" : pct(kv);
       $("live-kv-bar").style.width = `${(kv || 0) * 100}%`;
@@ -680,9 +719,9 @@
       $("live-tps").textContent = num(s.generation_tokens_per_s || 0, 1);
       const recent = s.recent || {};
       $("live-ttft").textContent = recent.completed ? ms(recent.median_ttft_ms) : "–";
-      const blocks = s.kv_cache_num_blocks == null ? "" : ` · ${num(s.kv_cache_num_blocks)} KV blocks`;
-      $("live-note").textContent = `${s.model} · ${memory(s.weight_bytes)} of weights${blocks} · ` +
-        `${num(s.requests_finished_total || 0)} requests served · max ${s.max_num_seqs ?? "–"} running`;
+      const blocks = s.kv_cache_num_blocks == null ? "" : t("live.blocks", { n: num(s.kv_cache_num_blocks) });
+      $("live-note").textContent = t("live.note", { model: s.model, weights: memory(s.weight_bytes), blocks,
+        served: num(s.requests_finished_total || 0), max: s.max_num_seqs ?? "–" });
       $("live").dataset.updates = String(Number($("live").dataset.updates || 0) + 1);
     };
   }
@@ -690,15 +729,20 @@
   // ---- start
   function fillSelects() {
     const model = $("in-model");
-    for (const m of state.catalog.models) {
-      model.add(new Option(`${m.name} (${num(m.weight_gib_bf16)} GiB in bf16)`, m.id));
-    }
     const gpu = $("in-gpu");
+    const tpot = $("in-tpot");
+    const keep = [model.value, gpu.value, tpot.value];
+    model.replaceChildren();
+    gpu.replaceChildren();
+    tpot.replaceChildren();
+    for (const m of state.catalog.models) {
+      model.add(new Option(t("in.model_option", { name: m.name, gib: num(m.weight_gib_bf16) }), m.id));
+    }
     for (const g of state.catalog.gpus) {
       gpu.add(new Option(`${g.name} · ${num(g.memory_gib)} GiB · ${num(g.memory_bandwidth_gb_s / 1000, 1)} TB/s`, g.id));
     }
-    const tpot = $("in-tpot");
-    for (const t of TPOT_TARGETS) tpot.add(new Option(t == null ? "none" : `${t} ms`, t == null ? "" : String(t)));
+    for (const x of TPOT_TARGETS) tpot.add(new Option(x == null ? t("in.tpot_none") : `${x} ms`, x == null ? "" : String(x)));
+    if (keep[0]) [model.value, gpu.value, tpot.value] = keep;
     $("in-prompts").max = String(state.catalog.limits.num_prompts);
   }
 
@@ -713,18 +757,42 @@
       renderStageCards(body);
       scheduleRun();
     }));
-    const notes = document.querySelectorAll("#diagram-notes li");
-    ["clients", "gateway", "scheduler", "prefill", "workers", "kv", "shards", "metrics"].forEach((id, i) => {
-      notes[i].dataset.box = id;
-    });
+  }
+
+  // A language switch redraws every string from the answers already in hand; an error message comes from the
+  // server, so the run that failed is asked again in the new language.
+  function relabel() {
+    fillSelects();
+    updateLabels();
+    labelPresets();
+    if (state.last) {
+      render(state.last.body, state.last.result);
+      $("run-status").textContent = t("status.simulated", { s: num(state.last.seconds, 2) });
+    } else {
+      renderDiagram(buildBody(), null);
+    }
+    window.LabWalkthrough.render(state.walkView);
+    renderAdvice();
+    if (state.catalog.live_engine && state.catalog.live_engine.needs_api_key) startLiveNote(state.catalog.live_engine);
+    if (state.error) scheduleRun(0);
+  }
+
+  function startLiveNote(info) {
+    $("live-note").textContent = t("live.needs_key", { url: info.metrics_stream });
   }
 
   async function init() {
     try {
+      await window.LabI18n.ready;
+    } catch (err) {
+      showError(`servelab lab: ${err.message}`);
+      return;
+    }
+    try {
       const response = await fetch("/lab/api/catalog");
       state.catalog = await response.json();
     } catch (err) {
-      showError(`Cannot load the lab catalog: ${err.message}`);
+      showError(t("error.catalog", { message: err.message }));
       return;
     }
     fillSelects();
@@ -732,11 +800,15 @@
     buildMeters();
     buildStageCards();
     wire();
-    setInputs(state.catalog.defaults);
+    window.LabWalkthrough.render(null);
+    const linked = Number(new URLSearchParams(location.search).get("stage"));
+    const preset = state.catalog.presets.find((p) => p.stage === linked);
+    setInputs(preset ? preset.inputs : state.catalog.defaults);
     const body = buildBody();
     renderDiagram(body, null);
     renderStageCards(body);
     if (state.catalog.live_engine) startLive(state.catalog.live_engine);
+    window.LabI18n.onChange(relabel);
     scheduleRun(0);
   }
 
