@@ -33,7 +33,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 $(CHROMIUM):
 	$(SUDO) apt-get update
-	$(SUDO) apt-get install -y chromium
+	$(SUDO) apt-get install -y chromium fonts-wqy-microhei
 
 chromium: $(CHROMIUM)
 
