@@ -10,7 +10,7 @@ from servelab.bench.loadgen import NO_CONTENT_ERROR, ClientConfig, first_model_i
 from servelab.bench.serve import summarize
 
 # The client reads a chunk within this long of the server sending it (a loaded 2-core machine).
-SLACK_S = 0.05
+SLACK_S = 0.15  # the fake server and the client share two busy cores
 
 
 def requests(n: int, output_len: int = 5, gap_s: float = 0.0, text: bool = False) -> list[BenchRequest]:
