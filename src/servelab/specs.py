@@ -100,7 +100,8 @@ class ModelSpec:
                 max_position_embeddings=cfg.get("max_position_embeddings", 2048),
                 rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
                 rope_theta=float(theta if theta is not None else 10000.0),
-                rope_scaling=tuple(sorted((k, v) for k, v in scaling.items() if k != "rope_theta")) if scaling else None,
+                rope_scaling=(tuple(sorted((k, v) for k, v in scaling.items() if k != "rope_theta"))
+                              if scaling else None),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
                 bos_token_id=cfg.get("bos_token_id"),

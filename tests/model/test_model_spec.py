@@ -67,7 +67,8 @@ def test_every_field_the_engine_and_the_lab_read(tmp_path):
     llama = ModelSpec.from_hf_config(LLAMA_3_1_8B, id="llama")
     assert (llama.architecture, llama.hidden_size, llama.intermediate_size, llama.num_hidden_layers) == (
         "LlamaForCausalLM", 4096, 14336, 32)
-    assert (llama.num_attention_heads, llama.num_key_value_heads, llama.head_dim, llama.vocab_size) == (32, 8, 128, 128256)
+    assert (llama.num_attention_heads, llama.num_key_value_heads, llama.head_dim, llama.vocab_size) == (
+        32, 8, 128, 128256)
     assert (llama.max_position_embeddings, llama.rms_norm_eps, llama.rope_theta) == (131072, 1e-5, 500000.0)
     assert dict(llama.rope_scaling) == LLAMA_3_1_8B["rope_scaling"]
     assert (llama.tie_word_embeddings, llama.attention_bias, llama.bos_token_id, llama.eos_token_ids) == (
@@ -88,7 +89,8 @@ def test_moe_active_versus_total():
     m = ModelSpec.from_hf_config(MIXTRAL_8X7B, id="mixtral")
     assert (m.num_experts, m.num_experts_per_tok) == (8, 2)
     layer_attention, expert, router = 41_943_040, 3 * 4096 * 14336, 4096 * 8
-    assert (m.attention_params_per_layer, m.expert_params, m.router_params_per_layer) == (layer_attention, expert, router)
+    assert (m.attention_params_per_layer, m.expert_params, m.router_params_per_layer) == (
+        layer_attention, expert, router)
     assert m.num_params == 32 * (layer_attention + 8 * expert + router + 2 * 4096) + 2 * 32000 * 4096 + 4096
     assert m.num_active_params == 32 * (layer_attention + 2 * expert + router + 2 * 4096) + 2 * 32000 * 4096 + 4096
     assert m.num_active_params == 12_879_925_248

@@ -92,7 +92,8 @@ def load_model_config(folder: Path) -> ModelSpec:
     try:
         arch = hf_architecture(cfg)
         if arch not in SUPPORTED_ARCHITECTURES:  # before the fields: an unsupported model says so, not what it lacks
-            raise ValueError(f"unsupported model architecture {arch!r}; servelab runs {', '.join(SUPPORTED_ARCHITECTURES)}")
+            raise ValueError(f"unsupported model architecture {arch!r}; "
+                             f"servelab runs {', '.join(SUPPORTED_ARCHITECTURES)}")
         return ModelSpec.from_hf_config(cfg, id=str(folder), name=folder.name, source=str(path))
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: {e}") from e
