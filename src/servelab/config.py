@@ -1,93 +1,12 @@
-"""Frozen configuration dataclasses. Validation only: no I/O, no torch."""
+"""Frozen configuration dataclasses. Validation only: no I/O, no torch. The model's shape is a
+servelab.specs.ModelSpec, shared with the lab."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from servelab.specs import ModelSpec
 
 SCHEDULE_POLICIES = ("serial", "static", "continuous")
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-
-
-def _check_architecture(arch: str) -> None:
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"unsupported model architecture {arch!r}; servelab runs {', '.join(SUPPORTED_ARCHITECTURES)}")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    max_position_embeddings: int
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    # llama3-style scaling as a sorted tuple of (key, value) so the dataclass stays hashable.
-    rope_scaling: tuple[tuple[str, Any], ...] | None = None
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    bos_token_id: int | None = None
-    eos_token_ids: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        _check_architecture(self.architecture)
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-
-    @classmethod
-    def from_hf_config(cls, cfg: dict) -> "ModelConfig":
-        """Build from a Hugging Face config.json dict."""
-        archs = cfg.get("architectures") or []
-        arch = archs[0] if archs else {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                                       "qwen2": "Qwen2ForCausalLM"}.get(cfg.get("model_type", ""), "")
-        if not arch:
-            raise ValueError("config.json names no architecture (neither 'architectures' nor a known 'model_type')")
-        _check_architecture(arch)  # before reading fields, so an unsupported model says so instead of a KeyError
-        heads = cfg["num_attention_heads"]
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-        if scaling and scaling.get("rope_type", scaling.get("type")) in (None, "default"):
-            scaling = None
-        theta = cfg.get("rope_theta")
-        if theta is None and isinstance(cfg.get("rope_parameters"), dict):
-            theta = cfg["rope_parameters"].get("rope_theta")
-        return cls(
-            architecture=arch,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_hidden_layers=cfg["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(theta if theta is not None else 10000.0),
-            rope_scaling=tuple(sorted((k, v) for k, v in scaling.items() if k != "rope_theta")) if scaling else None,
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-        )
-
-    @property
-    def num_params(self) -> int:
-        h, i, layers = self.hidden_size, self.intermediate_size, self.num_hidden_layers
-        q = self.num_attention_heads * self.head_dim
-        kv = self.num_key_value_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
-        if self.attention_bias:
-            per_layer += q + 2 * kv
-        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return layers * per_layer + embed + h
-
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -143,7 +62,7 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: ModelConfig
+    model: ModelSpec
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)

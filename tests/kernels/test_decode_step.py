@@ -4,19 +4,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from servelab.config import ModelConfig
 from servelab.kernels import cpu_ops
 from servelab.model.attention import AttentionMetadata
 from servelab.model.llama import LlamaForCausalLM
+from servelab.specs import ModelSpec
 
 pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="servelab CPU ops need AVX2+FMA and a C++ compiler")
 BLOCK_SIZE = 4
 
 
 def random_model(bias: bool) -> LlamaForCausalLM:
-    cfg = ModelConfig("LlamaForCausalLM", vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                      num_attention_heads=6, num_key_value_heads=2, head_dim=16, max_position_embeddings=64,
-                      attention_bias=bias)
+    cfg = ModelSpec(id="random", name="random", architecture="LlamaForCausalLM", vocab_size=300, hidden_size=64,
+                    intermediate_size=96, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
+                    head_dim=16, max_position_embeddings=64, attention_bias=bias)
     g = torch.Generator().manual_seed(int(bias))
     rand = lambda *shape, scale=0.2, offset=0.0: torch.randn(*shape, generator=g) * scale + offset  # noqa: E731
     sd = {"embed_tokens.weight": rand(300, 64, scale=1.0), "norm.weight": rand(64, offset=1.0),

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 from servelab.core.plan import ScheduledRequest, StepPlan
-from servelab.executor.cost_model import GPU_EFFICIENCY, CostModel, CostModelExecutor, Efficiency
+from servelab.executor.cost_model import (GPU_EFFICIENCY, CostModel, CostModelExecutor, Efficiency, StepTotals,
+                                         plan_totals)
 from servelab.executor.curve import PiecewiseLinear
-from servelab.lab.calibrate.fit import StepFit, fit_steps, hat_weights, knots_for, nnls, step_sample
+from servelab.lab.calibrate.fit import (StepFit, fit_steps, fitted_cost_model, fitted_device, fitted_efficiency,
+                                        hat_weights, knots_for, nnls, shape_plan, step_sample)
 from servelab.lab.catalog import get_device, get_model
 from servelab.lab.calibrate.step_timing import ProfileSettings, step_grid
 from servelab.sampling_params import SamplingParams
@@ -56,21 +58,34 @@ def test_grid_respects_the_engine_limits():
 
 
 def test_fit_recovers_known_constants():
+    model = get_model("smollm2-135m")
     truth = StepFit(layers=PiecewiseLinear((1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
                                            (0.020, 0.030, 0.036, 0.055, 0.095, 0.17, 0.33, 0.64, 1.2, 2.3, 4.7)),
                     lm_head=PiecewiseLinear((1, 2, 4, 8, 16, 32, 64, 128), (0.004, 0.005, 0.006, 0.008, 0.013,
                                                                             0.022, 0.040, 0.075)),
                     request_overhead_s=1e-4, pair_cost_s=2e-8, kv_cost_s=1e-7, mean_abs_rel_error=0,
                     max_abs_rel_error=0)
+    true_steps = fitted_cost_model(truth, model, "bfloat16")
     samples = [step_sample(shape, 0.0) for shape in step_grid(SETTINGS)]
-    samples = [replace(s, seconds=truth.predict(s)) for s in samples]
-    fit = fit_steps(samples)
+    samples = [replace(s, seconds=true_steps.price(s.totals)["total"]) for s in samples]
+    fit = fit_steps(samples, model, "bfloat16")
     assert fit.max_abs_rel_error < 1e-6
     assert fit.pair_cost_s == pytest.approx(2e-8, rel=1e-4) and fit.kv_cost_s == pytest.approx(1e-7, rel=1e-4)
-    # shapes the grid never timed are predicted as the truth prices them
+    # shapes the grid never timed are priced as the truth prices them, by the executor the simulator runs
+    device = fitted_device(fit, model, "bfloat16")
+    executor = CostModelExecutor(CostModel(model, device, fitted_efficiency(fit, model, device, "bfloat16")))
     for shape in ([(100, 1, True)] * 20 + [(0, 300, True)], [(0, 700, False)], [(900, 1, True)] * 40):
-        sample = step_sample(shape, 0.0)
-        assert fit.predict(sample) == pytest.approx(truth.predict(sample), rel=1e-6)
+        expected = true_steps.price(plan_totals(shape_plan(shape)))["total"]
+        assert executor.execute(shape_plan(shape)).duration == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_step_shape_has_the_totals_the_executor_prices():
+    # a decode at context 10, a prefill chunk of 4 after 6 computed tokens (not sampled), a new prompt of 3
+    sample = step_sample([(9, 1, True), (6, 4, False), (0, 3, True)], 0.5)
+    pairs = 10 + (4 * 10 - 4 * 3 // 2) + (3 * 3 - 3 * 2 // 2)
+    assert sample.totals == StepTotals(num_tokens=8, num_sampled=2, num_requests=3, num_pairs=pairs,
+                                       num_kv_tokens=(10 + 1) + (10 + 4) + (3 + 3), num_arrivals=0)
+    assert sample.seconds == 0.5
 
 
 def test_cost_model_prices_with_measured_curves():

@@ -76,23 +76,21 @@ class CostModel:
         if efficiency.layers_curve is not None and tp != 1:
             raise ValueError("a measured device profile prices one device (tp 1) only")
         self.model, self.device, self.efficiency, self.tp, self.dtype = model, device, efficiency, tp, dtype
-        dtype_bytes = DTYPE_BYTES[dtype]
         m = model
         self.num_layers = m.num_hidden_layers
         self.flops = device.flops * efficiency.matmul
         self.attention_flops = device.flops * efficiency.attention
         self.bandwidth = device.memory_bandwidth * efficiency.memory
         self.kv_bandwidth = device.memory_bandwidth * efficiency.kv_memory
-        # Per GPU and layer: matmul FLOPs per token, and weight bytes (dense part + one expert).
-        self.dense_params = (m.attention_params_per_layer + m.router_params_per_layer) / tp
+        # Per GPU and layer: matmul weights (dense part, one expert; and the LM head), KV bytes per token,
+        # FLOPs per (query, key) pair.
+        self.dense_params = m.dense_params_per_layer / tp
         self.expert_params = m.expert_params / tp
-        self.lm_head_params = m.vocab_size * m.hidden_size / tp
-        self.dtype_bytes = dtype_bytes
-        # KV heads split across ranks; replicated when tp exceeds them.
-        kv_heads_per_gpu = max(1, m.num_key_value_heads // tp)
-        self.kv_bytes_per_token_layer = 2 * kv_heads_per_gpu * m.head_dim * dtype_bytes
-        self.score_flops_per_pair = 4 * (m.num_attention_heads // tp) * m.head_dim  # QK^T and PV
-        self.hidden_bytes_per_token = m.hidden_size * dtype_bytes
+        self.lm_head_params = m.lm_head_params / tp
+        self.dtype_bytes = DTYPE_BYTES[dtype]
+        self.kv_bytes_per_token_layer = m.layer_kv_bytes_per_token(dtype, tp)
+        self.score_flops_per_pair = m.layer_score_flops_per_pair(tp)
+        self.hidden_bytes_per_token = m.hidden_bytes_per_token(dtype)
         self._decode_fixed_cache: dict[int, tuple[float, float, float]] = {}
 
     # ---- components, in seconds per step
@@ -144,6 +142,11 @@ class CostModel:
         }
         parts["total"] = parts["weights"] + parts["attention"] + parts["communication"] + parts["overhead"]
         return parts
+
+    def price(self, totals: StepTotals) -> dict[str, float]:
+        """step_time() of a StepPlan's totals (plan_totals)."""
+        t = totals
+        return self.step_time(t.num_tokens, t.num_sampled, t.num_requests, t.num_pairs, t.num_kv_tokens, t.num_arrivals)
 
     def decode_step_times(self, batch_size: int, context_len_sum: int, num_steps: int,
                           within: float = float("inf")) -> list[float]:
@@ -204,6 +207,32 @@ class CostModel:
         return self.step_time(batch_size, batch_size, batch_size, s, s + batch_size)["total"]
 
 
+@dataclass(frozen=True, slots=True)
+class StepTotals:
+    """What the cost model prices a StepPlan by."""
+    num_tokens: int
+    num_sampled: int  # rows through the LM head
+    num_requests: int
+    num_pairs: int  # (query, key) pairs scored
+    num_kv_tokens: int  # KV entries read plus written
+    num_arrivals: int
+
+
+def plan_totals(plan: StepPlan) -> StepTotals:
+    """The executor's step arithmetic, also what calibration fits measured steps by."""
+    num_tokens = num_sampled = num_pairs = num_kv_tokens = 0
+    for s in plan.scheduled:
+        n = len(s.token_ids)
+        context = s.num_computed_tokens + n
+        num_tokens += n
+        # new tokens at positions context-n+1 .. context attend causally
+        num_pairs += n * context - n * (n - 1) // 2
+        num_kv_tokens += context + n
+        if s.sample:
+            num_sampled += 1
+    return StepTotals(num_tokens, num_sampled, len(plan.scheduled), num_pairs, num_kv_tokens, _num_arrivals(plan))
+
+
 def _num_arrivals(plan: StepPlan) -> int:
     """Requests this step starts from their first token: new ones (and one preempted by recompute,
     which pays again; preemption is rare enough not to matter)."""
@@ -228,25 +257,15 @@ class CostModelExecutor:
         self._decode_tables: dict[tuple[int, int], list[float]] = {}
 
     def execute(self, plan: StepPlan) -> StepResult:
-        num_tokens, num_sampled, num_pairs, num_kv_tokens, sampled = self._plan_totals(plan)
-        parts = self.cost_model.step_time(num_tokens, num_sampled, len(plan.scheduled), num_pairs, num_kv_tokens,
-                                          _num_arrivals(plan))
-        return StepResult(sampled=sampled, duration=parts.pop("total"), breakdown=parts)
+        parts = self.cost_model.price(plan_totals(plan))
+        return StepResult(sampled=self._sampled(plan), duration=parts.pop("total"), breakdown=parts)
+
+    def _sampled(self, plan: StepPlan) -> dict[str, SampledToken]:
+        return {s.request_id: self._token for s in plan.scheduled if s.sample}
 
     def _plan_totals(self, plan: StepPlan) -> tuple[int, int, int, int, dict[str, SampledToken]]:
-        num_tokens = num_sampled = num_pairs = num_kv_tokens = 0
-        sampled = {}
-        for s in plan.scheduled:
-            n = len(s.token_ids)
-            context = s.num_computed_tokens + n
-            num_tokens += n
-            # new tokens at positions context-n+1 .. context attend causally
-            num_pairs += n * context - n * (n - 1) // 2
-            num_kv_tokens += context + n
-            if s.sample:
-                num_sampled += 1
-                sampled[s.request_id] = self._token
-        return num_tokens, num_sampled, num_pairs, num_kv_tokens, sampled
+        t = plan_totals(plan)
+        return t.num_tokens, t.num_sampled, t.num_pairs, t.num_kv_tokens, self._sampled(plan)
 
     def price_decode_run(self, run: DecodeRunPlan, within: float = float("inf")) -> tuple[list[float], list[tuple[int, int]]]:
         """Durations of the steps of a multi-step decode run (DecodeRunPlanner.plan), each priced as

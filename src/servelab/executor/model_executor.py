@@ -7,13 +7,14 @@ from pathlib import Path
 
 import torch
 
-from servelab.config import CacheConfig, ModelConfig
+from servelab.config import CacheConfig
 from servelab.core.block_manager import num_blocks_for_memory
 from servelab.core.plan import ScheduledRequest, StepPlan, StepResult
 from servelab.model.attention import AttentionMetadata, PrefillChunk
 from servelab.model.llama import LlamaForCausalLM
 from servelab.model.loader import load_state_dict
 from servelab.model.sampler import Sampler, SamplingRow
+from servelab.specs import ModelSpec
 
 
 def kv_cache_bytes(cache_config: CacheConfig) -> int:
@@ -44,13 +45,13 @@ class ModelExecutor:
         self._rows: dict[str, SamplingRow] = {}
 
     @classmethod
-    def from_pretrained(cls, folder: Path, model_config: ModelConfig, cache_config: CacheConfig,
+    def from_pretrained(cls, folder: Path, model_config: ModelSpec, cache_config: CacheConfig,
                         dtype: torch.dtype, max_model_len: int) -> "ModelExecutor":
         model = LlamaForCausalLM(model_config, dtype, max_positions=max_model_len)
         model.load_weights(load_state_dict(folder, dtype))
         model.eval()
         num_blocks = cache_config.num_blocks or num_blocks_for_memory(
-            kv_cache_bytes(cache_config), model_config.kv_bytes_per_token(model.embed_tokens.element_size()),
+            kv_cache_bytes(cache_config), model_config.kv_bytes_per_token(str(dtype).removeprefix("torch.")),
             cache_config.block_size)
         if num_blocks < 1:
             raise ValueError("kv_cache_memory is too small to hold a single KV block")

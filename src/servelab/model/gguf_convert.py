@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from servelab.config import ModelConfig
+from servelab.specs import ModelSpec
 
 # Bump when the output changes, so caches keyed on it are rebuilt.
 CONVERTER_VERSION = 1
@@ -234,7 +234,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     try:
         tensors = _convert_tensors(reader, heads, kv_heads)
         config = _hf_config(reader, tensors)
-        ModelConfig.from_hf_config(config)
+        ModelSpec.from_hf_config(config, id=str(gguf_path))  # fails here, before writing, on a bad config
         _write_tokenizer(reader, tmp, config)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del tensors

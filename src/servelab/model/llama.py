@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from servelab.config import ModelConfig
 from servelab.kernels import cpu_ops
 from servelab.model.attention import AttentionMetadata, paged_attention, prefill_attention, write_kv
 from servelab.model.layers import compute_dtype, linear
+from servelab.specs import ModelSpec
 
 
-def rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
+def rope_inv_freq(config: ModelSpec) -> tuple[torch.Tensor, float]:
     """Inverse frequencies and the cos/sin scale, as Hugging Face computes them."""
     dim = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
@@ -42,7 +42,7 @@ def rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding:
-    def __init__(self, config: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelSpec, max_positions: int, dtype: torch.dtype) -> None:
         inv_freq, scale = rope_inv_freq(config)
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = positions[:, None] * inv_freq[None, :]
@@ -70,7 +70,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelSpec, dtype: torch.dtype) -> None:
         super().__init__()
         h, hd = config.hidden_size, config.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
@@ -134,7 +134,7 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, max_positions: int) -> None:
+    def __init__(self, config: ModelSpec, dtype: torch.dtype, max_positions: int) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype

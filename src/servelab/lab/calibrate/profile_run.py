@@ -1,5 +1,5 @@
 """`servelab lab profile`: build the engine `servelab serve` would build with the same flags, time its
-steps, fit the `local-cpu` profile and save it (see lab/profiler.py and lab/profile.py)."""
+steps, fit the `local-cpu` profile and save it (see step_timing.py, fit.py and serving_overhead.py)."""
 from __future__ import annotations
 
 import argparse
@@ -34,7 +34,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import gc
     import json
 
-    from servelab.lab.calibrate.fit import fit_steps
+    from servelab.lab.calibrate.fit import fit_steps, fitted_cost_model
     from servelab.lab.catalog.cpu_profile import save_cpu_profile
     from servelab.lab.calibrate.step_timing import build_profile, measure_steps
     from servelab.lab.calibrate.serving_overhead import measure_serving_overhead
@@ -51,14 +51,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
     log(f"profiling {spec.name} ({engine.config.dtype}, max-num-seqs {engine_args.max_num_seqs}, "
         f"max-num-batched-tokens {engine_args.max_num_batched_tokens}, {engine.executor.num_blocks} KV blocks)")
     samples = measure_steps(engine, repeats=args.repeats, quick=args.quick, progress=log)
-    fit = fit_steps(samples)
+    fit = fit_steps(samples, spec, engine.config.dtype)
     log(f"step fit over {len(samples)} shapes: mean error {fit.mean_abs_rel_error:.1%}, "
         f"max {fit.max_abs_rel_error:.1%}")
     # The server phase builds its own engine in another process: give this one's memory back first.
     config, num_blocks = engine.config, engine.executor.num_blocks
     del engine
     gc.collect()
-    overhead = measure_serving_overhead(engine_args, fit, progress=log)
+    overhead = measure_serving_overhead(engine_args, fitted_cost_model(fit, spec, config.dtype), progress=log)
     profile = build_profile(config, num_blocks, spec, samples, fit, overhead)
     path = save_cpu_profile(profile)
     if args.json:

@@ -20,7 +20,8 @@ from typing import Callable
 
 from servelab.engine_args import EngineArgs
 from servelab.executor.curve import PiecewiseLinear
-from servelab.lab.calibrate.fit import StepFit, step_sample
+from servelab.executor.cost_model import CostModel, plan_totals
+from servelab.lab.calibrate.fit import StepShape, shape_plan
 
 CONCURRENCIES = (1, 4, 16, 32)
 PROMPT_LEN, OUTPUT_LEN = 32, 48
@@ -38,11 +39,12 @@ def server_flags(args: EngineArgs) -> list[str]:
     return flags + ["--request-timeout", "0", "--log-level", "warning"]
 
 
-def measure_serving_overhead(args: EngineArgs, fit: StepFit, concurrencies: tuple[int, ...] = CONCURRENCIES,
+def measure_serving_overhead(args: EngineArgs, steps: CostModel, concurrencies: tuple[int, ...] = CONCURRENCIES,
                              progress: Callable[[str], None] | None = None,
                              startup_timeout_s: float = 600.0) -> dict:
     """{"curve": PiecewiseLinear over concurrency, "points": [{concurrency, tpot_ms, predicted_step_ms}],
-    "arrival_s": seconds, "arrival": {ttft_ms, predicted_prefill_ms}}."""
+    "arrival_s": seconds, "arrival": {ttft_ms, predicted_prefill_ms}}. steps: the fitted cost model of the
+    executor's steps alone (fit.fitted_cost_model)."""
     import asyncio
 
     from servelab.bench.datasets import build_requests, load_tokenizer
@@ -70,7 +72,7 @@ def measure_serving_overhead(args: EngineArgs, fit: StepFit, concurrencies: tupl
             result = run(WorkloadConfig(num_prompts=c, input_len=PROMPT_LEN, output_len=OUTPUT_LEN, seed=c))
             # the decode steps of c requests at the run's middle context length
             middle = PROMPT_LEN + OUTPUT_LEN // 2
-            predicted = fit.predict(step_sample([(middle, 1, True)] * c, 0.0))
+            predicted = _step_seconds(steps, [(middle, 1, True)] * c)
             points.append({"concurrency": c, "tpot_ms": result["median_tpot_ms"], "predicted_step_ms": predicted * 1e3})
             if progress:
                 progress(f"serving {c} streams: TPOT {result['median_tpot_ms']:.1f} ms, "
@@ -83,7 +85,7 @@ def measure_serving_overhead(args: EngineArgs, fit: StepFit, concurrencies: tupl
     if len(points) == 1:  # a profile of --max-num-seqs 1..3: a flat overhead
         xs, ys = (xs[0], xs[0] + 1), (ys[0], ys[0])
     curve = PiecewiseLinear(xs, ys)
-    prefill = fit.predict(step_sample([(0, PROMPT_LEN, True)], 0.0)) + curve(1)
+    prefill = _step_seconds(steps, [(0, PROMPT_LEN, True)]) + curve(1)
     ttft_ms = lone["median_ttft_ms"]
     arrival_s = max(0.0, ttft_ms / 1e3 - prefill)
     if progress:
@@ -91,3 +93,7 @@ def measure_serving_overhead(args: EngineArgs, fit: StepFit, concurrencies: tupl
                  f"arrival overhead {arrival_s * 1e3:.1f} ms")
     return {"curve": curve, "points": points, "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN, "arrival_s": arrival_s,
             "arrival": {"ttft_ms": ttft_ms, "predicted_prefill_ms": prefill * 1e3}}
+
+
+def _step_seconds(steps: CostModel, shape: StepShape) -> float:
+    return steps.price(plan_totals(shape_plan(shape)))["total"]

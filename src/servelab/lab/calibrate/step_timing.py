@@ -3,7 +3,7 @@
 Two measurements, both on the engine `servelab serve` would build with the same flags:
 1. Step grid: StepPlans of chosen shapes (decode batches x context lengths, prefill chunks x earlier
    context, several prompts in one step, decodes mixed with a prefill chunk) run through the real
-   ModelExecutor; the best of a few runs of each. calibration.fit_steps turns them into the cost
+   ModelExecutor; the best of a few runs of each. fit.fit_steps turns them into the cost
    model's curves and constants.
 2. Serving overhead (lab/serving_overhead.py): what `servelab serve` and a streaming client on the
    same machine add to each step, which the cost model adds as its per-step and per-request overhead.
@@ -14,17 +14,16 @@ import os
 import platform
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from servelab.core.block_manager import BlockManager
 from servelab.core.plan import ScheduledRequest, StepPlan
-from servelab.executor.cost_model import Efficiency
-from servelab.lab.calibrate.fit import StepFit, StepSample, StepShape, step_sample
-from servelab.lab.catalog import LOCAL_CPU
-from servelab.specs import DTYPE_BYTES, DeviceSpec, ModelSpec
+from servelab.lab.calibrate.fit import (StepFit, StepSample, StepShape, fitted_device, fitted_efficiency,
+                                        step_sample)
 from servelab.lab.catalog.cpu_profile import CpuProfile, model_shape
 from servelab.sampling_params import SamplingParams
+from servelab.specs import ModelSpec
 
 DECODE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 DECODE_CONTEXTS = (32, 512)
@@ -136,43 +135,26 @@ def build_profile(cfg, num_blocks: int, model: ModelSpec, samples: list[StepSamp
     steps plus the serving overhead (see lab/serving_overhead.py)."""
     from servelab.executor.model_executor import os_total_memory
 
-    device = _device(model, fit, os_total_memory(), cfg.dtype)
-    flops_per_pair = model.num_hidden_layers * 4 * model.num_attention_heads * model.head_dim
-    kv_bytes = model.kv_bytes_per_token(cfg.dtype)
-    efficiency = Efficiency(
-        matmul=1.0, memory=1.0, interconnect=1.0, ring_step_latency_s=0.0,
-        attention=flops_per_pair / (fit.pair_cost_s * device.flops) if fit.pair_cost_s else 1.0,
-        kv_memory=kv_bytes / (fit.kv_cost_s * device.memory_bandwidth) if fit.kv_cost_s else 1.0,
-        step_overhead_s=0.0, request_overhead_s=fit.request_overhead_s,
-        layers_curve=fit.layers, lm_head_curve=fit.lm_head, overhead_curve=overhead["curve"],
-        arrival_overhead_s=overhead.get("arrival_s", 0.0))
+    device = fitted_device(fit, model, cfg.dtype, f"this machine's CPU ({_cpu_name()})", os_total_memory())
+    efficiency = replace(fitted_efficiency(fit, model, device, cfg.dtype), overhead_curve=overhead["curve"],
+                         arrival_overhead_s=overhead.get("arrival_s", 0.0))
     return CpuProfile(
         device=device, efficiency=efficiency,
-        kv_cache_bytes=num_blocks * cfg.cache.block_size * kv_bytes, dtype=cfg.dtype,
+        kv_cache_bytes=num_blocks * cfg.cache.block_size * model.kv_bytes_per_token(cfg.dtype), dtype=cfg.dtype,
         max_num_seqs=cfg.scheduler.effective_max_num_seqs, max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
         fit={"model": model.id, "model_shape": model_shape(model), "block_size": cfg.cache.block_size,
              "num_kv_blocks": num_blocks, "num_samples": len(samples),
              "mean_abs_rel_error": fit.mean_abs_rel_error, "max_abs_rel_error": fit.max_abs_rel_error,
              "serving": {k: v for k, v in overhead.items() if k != "curve"},
-             "steps": [{"tokens": s.tokens, "sampled": s.sampled, "requests": s.requests, "pairs": s.pairs,
-                        "kv_tokens": s.kv_tokens, "seconds": s.seconds} for s in samples]},
+             "steps": [_step_json(s) for s in samples]},
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), host=f"{socket.gethostname()} ({_cpu_name()}, "
         f"{os.cpu_count()} CPUs, torch threads {_torch_threads()})")
 
 
-def _device(model: ModelSpec, fit, memory_bytes: int, dtype: str) -> DeviceSpec:
-    """Effective FLOP/s from the layers curve's slope at its largest knots, effective weight-streaming
-    bandwidth from one token's step (the layers' weights read once): what the meters call capacity."""
-    xs, ys = fit.layers.xs, fit.layers.ys
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-    layer_params = model.num_hidden_layers * (model.attention_params_per_layer + model.expert_params)
-    flops = 2 * layer_params / slope if slope > 0 else 1e12
-    one_token = fit.layers(1)
-    bandwidth = layer_params * DTYPE_BYTES[dtype] / one_token if one_token > 0 else 1e12
-    return DeviceSpec(id=LOCAL_CPU, name=f"this machine's CPU ({_cpu_name()})", flops=flops,
-                      memory_bandwidth=bandwidth, memory_bytes=memory_bytes, interconnect="none",
-                      interconnect_bandwidth=0.0, network_bandwidth=0.0, gpus_per_node=1,
-                      source="servelab lab profile")
+def _step_json(s: StepSample) -> dict:
+    t = s.totals
+    return {"tokens": t.num_tokens, "sampled": t.num_sampled, "requests": t.num_requests, "pairs": t.num_pairs,
+            "kv_tokens": t.num_kv_tokens, "seconds": s.seconds}
 
 
 def _cpu_name() -> str:

@@ -122,9 +122,8 @@ class MemoryPlan:
 
 def plan_memory(d: Deployment, max_request_tokens: int) -> MemoryPlan:
     m, tp = d.model, d.tensor_parallel_size
-    dtype_bytes = DTYPE_BYTES[d.dtype]
-    weights = d.model.weight_bytes(d.dtype) // tp  # vocab-parallel embeddings shard too
-    kv_per_token = 2 * m.num_hidden_layers * max(1, m.num_key_value_heads // tp) * m.head_dim * dtype_bytes
+    weights = m.weight_bytes(d.dtype) // tp  # vocab-parallel embeddings shard too
+    kv_per_token = m.kv_bytes_per_token(d.dtype, tp)
     if d.kv_cache_bytes is not None:
         usable, activations, kv = d.device.memory_bytes, 0, d.kv_cache_bytes
         if weights + kv > usable:
@@ -132,8 +131,8 @@ def plan_memory(d: Deployment, max_request_tokens: int) -> MemoryPlan:
     else:
         usable = int(d.device.memory_bytes * GPU_MEMORY_UTILIZATION)
         # vLLM's profiling run: one forward of max_num_batched_tokens (MLP activations dominate) plus fp32 logits.
-        activations = (d.max_num_batched_tokens * (2 * m.intermediate_size // tp + 4 * m.hidden_size) * dtype_bytes
-                       + d.max_num_seqs * (m.vocab_size // tp) * 4 + RUNTIME_RESERVE_BYTES)
+        activations = (m.forward_activation_bytes(d.max_num_batched_tokens, d.max_num_seqs, d.dtype, tp)
+                       + RUNTIME_RESERVE_BYTES)
         kv = max(0, usable - weights - activations)
     num_blocks = kv // (kv_per_token * d.block_size)
     need_blocks = -(-max_request_tokens // d.block_size)
