@@ -6,7 +6,8 @@ import time
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import models, pre_tokenizers
 
-from servelab.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from servelab.config import CacheConfig, EngineConfig, SchedulerConfig
+from servelab.specs import ModelSpec
 from servelab.core.plan import SampledToken, StepPlan, StepResult
 from servelab.engine.llm_engine import LLMEngine
 from servelab.model.tokenizer import Tokenizer
@@ -89,9 +90,9 @@ class CheckedEngine(LLMEngine):
 
 def make_engine(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 128, max_num_seqs: int = 8,
                 policy: str = "continuous") -> CheckedEngine:
-    model = ModelConfig("LlamaForCausalLM", vocab_size=len(VOCAB), hidden_size=8, intermediate_size=16,
-                        num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1, head_dim=8,
-                        max_position_embeddings=max_model_len)
+    model = ModelSpec("stub", "stub", "LlamaForCausalLM", vocab_size=len(VOCAB), hidden_size=8, intermediate_size=16,
+                      num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1, head_dim=8,
+                      max_position_embeddings=max_model_len)
     config = EngineConfig(model, CacheConfig(block_size=block_size, num_blocks=num_blocks),
                           SchedulerConfig(policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=64,
                                           max_model_len=max_model_len))

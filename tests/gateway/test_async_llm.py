@@ -59,6 +59,7 @@ def test_concurrent_requests_do_not_mix():
 
 def test_rejected_requests_raise_value_error_and_the_engine_keeps_serving():
     engine = make_engine()
+    engine.executor.step_delay = 0.05  # "dup" must still be running when its duplicate arrives (50 steps: 2.5 s)
 
     async def body(ae):
         with pytest.raises(ValueError, match="empty"):
