@@ -83,7 +83,7 @@ class DecodeRunPlanner:
 
     def _run(self, batch: DecodeBatch, num_steps: int, soonest: int) -> DecodeRunPlan:
         departures = batch.departures(num_steps, self.scheduler.running) if soonest < num_steps else []
-        return DecodeRunPlan(len(batch), batch.context_len_sum(), num_steps, soonest, departures)
+        return DecodeRunPlan(len(batch.lasts), batch.context_len_sum(), num_steps, soonest, departures)
 
     def _join(self, batch: DecodeBatch) -> bool:
         """Add the running requests admitted since the batch last grew; False (adding none of the rest)
@@ -128,11 +128,11 @@ class DecodeRunPlanner:
         scheduler = self.scheduler
         bm = scheduler.block_manager
         if soonest_last > batch.step:  # everyone took part in every step
-            bm.record_decode_tokens(num_steps * len(batch))
+            bm.record_decode_tokens(num_steps * len(batch.lasts))
             return []
         finishing = batch.finishing(soonest_last)
         step, running, end_times = batch.step, scheduler.running, batch.end_times
-        bm.record_decode_tokens(num_steps * len(batch) - sum(step - last for last, _ in finishing))
+        bm.record_decode_tokens(num_steps * len(batch.lasts) - sum(step - last for last, _ in finishing))
         finished = [running[index] for _, index in finishing]
         for (last, _), request in zip(finishing, finished):
             request.times.finished = end_times[last - 1]

@@ -42,7 +42,7 @@ class DecodeRunExecutor(Executor, Protocol):
         """A one-step run plus the requests its plan admits, priced as one step."""
 
 
-@dataclass
+@dataclass(slots=True)
 class StepStats:
     start: float
     duration: float
@@ -158,19 +158,19 @@ class EngineCore:
         finished = planner.advance(run, executor.run_token_id, ends)
         end = ends[-1]
         self.clock.advance_to(end)
-        outputs = [r.output(None) for r in finished]
+        outputs = [r.output(None) for r in finished] if finished else []
         if result is not None:
             updated = scheduler.update_from_output(plan, result, end)
             outputs += [r.output(result.sampled.get(r.request_id)) for r in updated]
             breakdown, segments, batch_tokens = result.breakdown, [], run.batch_size
         else:
-            segments = _first_steps(segments, num_steps)
-            breakdown, batch_tokens = {}, sum(count * batch_size for count, batch_size in segments)
-        plan_tokens, plan_decode = _plan_counts(plan)
+            breakdown = {}
+            segments, batch_tokens = _first_steps(segments, num_steps)
+        plan_tokens, plan_decode = _plan_counts(plan) if plan.scheduled else (0, 0)
         stats = StepStats(
             start=now, duration=end - now, num_scheduled_tokens=batch_tokens + plan_tokens,
             num_prefill_tokens=plan_tokens - plan_decode, num_decode_requests=run.batch_size + plan_decode,
-            num_running=run.batch_size + len(plan.scheduled), num_waiting=scheduler.num_waiting, num_preempted=0,
+            num_running=run.batch_size + len(plan.scheduled), num_waiting=len(scheduler.waiting), num_preempted=0,
             kv_usage=1 - (free_before + free_after) / (2 * bm.num_blocks),
             num_reserved_unused_slots=bm.num_reserved_unused_slots(), breakdown=breakdown, num_steps=num_steps,
             decode_segments=segments)
@@ -206,16 +206,23 @@ class EngineCore:
 
 def _plan_counts(plan: StepPlan) -> tuple[int, int]:
     """(tokens scheduled, requests decoding one token)."""
-    decode = sum(1 for s in plan.scheduled if s.num_new_tokens == 1 and s.num_computed_tokens > 0)
-    return plan.num_scheduled_tokens, decode
+    num_tokens = num_decode = 0
+    for s in plan.scheduled:
+        num_new = len(s.token_ids)
+        num_tokens += num_new
+        if num_new == 1 and s.num_computed_tokens > 0:
+            num_decode += 1
+    return num_tokens, num_decode
 
 
-def _first_steps(segments: list[tuple[int, int]], num_steps: int) -> list[tuple[int, int]]:
-    """The segments of a run's first num_steps steps."""
-    taken, left = [], num_steps
+def _first_steps(segments: list[tuple[int, int]], num_steps: int) -> tuple[list[tuple[int, int]], int]:
+    """The segments of a run's first num_steps steps, and the tokens they decode."""
+    taken, left, num_tokens = [], num_steps, 0
     for count, batch_size in segments:
-        taken.append((min(count, left), batch_size))
+        count = min(count, left)
+        taken.append((count, batch_size))
+        num_tokens += count * batch_size
         left -= count
         if left <= 0:
             break
-    return taken
+    return taken, num_tokens

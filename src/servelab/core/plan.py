@@ -71,7 +71,7 @@ class StepResult:
     breakdown: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class DecodeRunPlan:
     """Up to num_steps decode steps of a fixed batch, all known in advance (core/decode_runs.py): in
     each, every member not yet at max_tokens computes its last sampled token and samples the next; no

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
+from operator import attrgetter
+from typing import Sequence
 
 import numpy as np
 
@@ -23,22 +25,23 @@ NUM_SERIES_POINTS = 40
 BREAKDOWN_KEYS = ("weights", "attention", "communication", "overhead")
 
 
+_COLUMNS = attrgetter("start", "duration", "num_running", "num_waiting", "kv_usage", "num_reserved_unused_slots")
+
+
 @dataclass
 class StepColumns:
     """One instance's StepStats as columns, in step order."""
     role: str
-    starts: list[float]
-    durations: list[float]
-    running: list[int]
-    waiting: list[int]
-    kv_usage: list[float]
-    reserved_unused: list[int]
+    starts: Sequence[float]
+    durations: Sequence[float]
+    running: Sequence[int]
+    waiting: Sequence[int]
+    kv_usage: Sequence[float]
+    reserved_unused: Sequence[int]
 
     @classmethod
     def of(cls, role: str, steps: list[StepStats]) -> "StepColumns":
-        return cls(role, [s.start for s in steps], [s.duration for s in steps], [s.num_running for s in steps],
-                   [s.num_waiting for s in steps], [s.kv_usage for s in steps],
-                   [s.num_reserved_unused_slots for s in steps])
+        return cls(role, *(list(zip(*map(_COLUMNS, steps))) or [()] * 6))
 
 
 def breakdown_totals(steps: list[StepStats], cost_model: CostModel) -> dict[str, float]:
@@ -49,8 +52,9 @@ def breakdown_totals(steps: list[StepStats], cost_model: CostModel) -> dict[str,
     steps_by_batch: dict[int, int] = {}
     run_time = 0.0
     for s in steps:
-        if s.decode_segments:
-            for count, batch_size in s.decode_segments:
+        segments = s.decode_segments
+        if segments:
+            for count, batch_size in segments:
                 steps_by_batch[batch_size] = steps_by_batch.get(batch_size, 0) + count
             run_time += s.duration
         else:
@@ -183,6 +187,6 @@ def _step_time(result, cost_model) -> dict:
             totals[key] = totals.get(key, 0.0) + value
     busy = sum(totals.values())
     shares = {f"{k}_share": (v / busy if busy else 0.0) for k, v in totals.items()}
-    num_steps = sum(s.num_steps for inst in result.instances for s in inst.step_stats)
+    num_steps = sum(sum(map(attrgetter("num_steps"), inst.step_stats)) for inst in result.instances)
     return {**shares, "num_steps": num_steps, "mean_step_ms": busy / num_steps * 1000 if num_steps else 0.0,
             "bottleneck": shares.get("communication_share", 0.0) >= COMMUNICATION_SHARE}

@@ -53,5 +53,5 @@ class Instance:
         if out.stats is None:
             return None
         requests = self._requests
-        self.pending_finished = [requests.pop(o.request_id) for o in out.outputs if o.finished]
+        self.pending_finished = [requests.pop(o.request_id) for o in out.outputs if o.finished] if out.outputs else []
         return core.clock.now()
