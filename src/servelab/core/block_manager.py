@@ -47,10 +47,6 @@ class BlockManager:
         return self._num_free
 
     @property
-    def num_used_blocks(self) -> int:
-        return self.num_blocks - self._num_free
-
-    @property
     def usage(self) -> float:
         return (self.num_blocks - self._num_free) / self.num_blocks
 
@@ -68,9 +64,6 @@ class BlockManager:
     def num_new_blocks_needed(self, request_id: str, num_tokens: int) -> int:
         have = len(self.block_tables.get(request_id, ()))
         return max(0, self.num_blocks_for(num_tokens) - have)
-
-    def can_allocate(self, request_id: str, num_tokens: int) -> bool:
-        return self.num_new_blocks_needed(request_id, num_tokens) <= self._num_free
 
     def allocate_slots(self, request_id: str, num_tokens: int) -> list[int] | None:
         """Grow the request's table to hold num_tokens in total; return the new block ids, or None
@@ -208,18 +201,11 @@ class BlockManager:
         self._contiguous.discard(request_id)
         refs = self._ref_counts
         try:
-            counts = list(map(refs.pop, table))
+            for block_id in table:  # one holder per block: every block goes back
+                del refs[block_id]
         except KeyError as unowned:
             raise RuntimeError(f"block {unowned.args[0]} freed twice") from None
-        if counts.count(1) == len(counts):  # no other holder: every block goes back
-            released = table
-        else:
-            released = []
-            for block_id, count in zip(table, counts):
-                if count > 1:
-                    refs[block_id] = count - 1
-                else:
-                    released.append(block_id)
+        released = table
         if self._in_use is not None:
             for block_id in released:
                 self._in_use[block_id] = 0

@@ -35,7 +35,7 @@ ALTERNATIONS = 8
 
 
 @dataclass(frozen=True)
-class StepSample:
+class TimedStep:
     totals: StepTotals
     seconds: float
 
@@ -48,8 +48,8 @@ def shape_plan(shape: StepShape) -> StepPlan:
                      for i, (computed, n, sample) in enumerate(shape)])
 
 
-def step_sample(shape: StepShape, seconds: float) -> StepSample:
-    return StepSample(plan_totals(shape_plan(shape)), seconds)
+def step_sample(shape: StepShape, seconds: float) -> TimedStep:
+    return TimedStep(plan_totals(shape_plan(shape)), seconds)
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
     return x
 
 
-def fit_steps(samples: list[StepSample], model: ModelSpec, dtype: str) -> StepFit:
+def fit_steps(samples: list[TimedStep], model: ModelSpec, dtype: str) -> StepFit:
     if len(samples) < 4:
         raise ValueError(f"need at least 4 timed steps to fit the cost model, got {len(samples)}")
     totals = [s.totals for s in samples]

@@ -19,7 +19,7 @@ from typing import Callable
 
 from servelab.core.block_manager import BlockManager
 from servelab.core.plan import ScheduledRequest, StepPlan
-from servelab.lab.calibrate.fit import (StepFit, StepSample, StepShape, fitted_device, fitted_efficiency,
+from servelab.lab.calibrate.fit import (StepFit, TimedStep, StepShape, fitted_device, fitted_efficiency,
                                         step_sample)
 from servelab.lab.catalog.cpu_profile import CpuProfile, model_shape
 from servelab.sampling_params import SamplingParams
@@ -110,7 +110,7 @@ class StepTimer:
 
 
 def measure_steps(engine, repeats: int = 3, quick: bool = False,
-                  progress: Callable[[str], None] | None = None) -> list[StepSample]:
+                  progress: Callable[[str], None] | None = None) -> list[TimedStep]:
     """Time the step grid on an LLMEngine's executor (built with the flags the user will serve with)."""
     cfg = engine.config
     settings = ProfileSettings(cfg.scheduler.effective_max_num_seqs, cfg.scheduler.max_num_batched_tokens,
@@ -129,7 +129,7 @@ def measure_steps(engine, repeats: int = 3, quick: bool = False,
     return [step_sample(shape, seconds) for shape, seconds in zip(grid, best)]
 
 
-def build_profile(cfg, num_blocks: int, model: ModelSpec, samples: list[StepSample], fit: StepFit,
+def build_profile(cfg, num_blocks: int, model: ModelSpec, samples: list[TimedStep], fit: StepFit,
                   overhead: dict) -> CpuProfile:
     """The CpuProfile (cfg: the profiled engine's EngineConfig, num_blocks its KV pool) of the fitted
     steps plus the serving overhead (see lab/serving_overhead.py)."""
@@ -151,7 +151,7 @@ def build_profile(cfg, num_blocks: int, model: ModelSpec, samples: list[StepSamp
         f"{os.cpu_count()} CPUs, torch threads {_torch_threads()})")
 
 
-def _step_json(s: StepSample) -> dict:
+def _step_json(s: TimedStep) -> dict:
     t = s.totals
     return {"tokens": t.num_tokens, "sampled": t.num_sampled, "requests": t.num_requests, "pairs": t.num_pairs,
             "kv_tokens": t.num_kv_tokens, "seconds": s.seconds}

@@ -41,7 +41,7 @@ class Instance:
         self._requests[request.request_id] = request
 
     def has_unfinished_requests(self) -> bool:
-        return self.core.has_unfinished_requests()
+        return self.core.scheduler.has_unfinished_requests()
 
     def step(self, now: float, horizon: float) -> float | None:
         """Run the engine's next step (or decode run, whose later steps all start before horizon: the
