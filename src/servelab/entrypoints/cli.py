@@ -38,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve.add_parser(bench_sub)
     sweep.add_parser(bench_sub)
     stages.add_parser(bench_sub)
+    from servelab.bench import peers
+    peers.add_parser(bench_sub)
 
     from servelab.lab.cli import add_lab_parser
     from servelab.lab.web.server import add_web_parser
