@@ -9,12 +9,10 @@ import gc
 import shlex
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from servelab.bench.datasets import BenchRequest
 
-if TYPE_CHECKING:
-    from servelab.bench.peers import Workloads
+from servelab.bench.peers_workloads import Workloads
 
 SLOT_COUNTS = (16, 64)
 
