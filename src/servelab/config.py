@@ -51,6 +51,24 @@ class SchedulerConfig:
         return self.policy in ("serial", "static")
 
 
+def tensor_parallel_problem(model: ModelSpec, size: int) -> str | None:
+    """Why `size` ranks cannot split this model evenly, or None when they can. Each rank takes
+    1/size of the attention heads and MLP columns, and 1/size of the KV heads or, when size exceeds
+    them, one whole KV head copied on size / num_key_value_heads ranks (vLLM's rule)."""
+    heads, kv_heads = model.num_attention_heads, model.num_key_value_heads
+    if heads % size:
+        return f"it does not divide the model's {heads} attention heads"
+    if kv_heads % size and size % kv_heads:
+        return f"it neither divides the model's {kv_heads} KV heads nor is a multiple of them"
+    if model.intermediate_size % size:
+        return f"it does not divide the model's MLP width {model.intermediate_size}"
+    return None
+
+
+def valid_tensor_parallel_sizes(model: ModelSpec) -> list[int]:
+    return [n for n in range(1, model.num_attention_heads + 1) if tensor_parallel_problem(model, n) is None]
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     tensor_parallel_size: int = 1
@@ -58,6 +76,13 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError("tensor_parallel_size must be >= 1")
+
+    def verify_with_model(self, model: ModelSpec) -> None:
+        problem = tensor_parallel_problem(model, self.tensor_parallel_size)
+        if problem is not None:
+            valid = ", ".join(map(str, valid_tensor_parallel_sizes(model)))
+            raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} cannot shard this model: {problem}; "
+                             f"valid sizes for it: {valid}")
 
 
 @dataclass(frozen=True)
@@ -67,3 +92,6 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        self.parallel.verify_with_model(self.model)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
-from servelab.config import SCHEDULE_POLICIES, CacheConfig, SchedulerConfig
+from servelab.config import SCHEDULE_POLICIES, CacheConfig, ParallelConfig, SchedulerConfig
 
 
 @dataclass
@@ -19,6 +19,7 @@ class EngineArgs:
     block_size: int = 16
     num_kv_blocks: int | None = None
     num_threads: int | None = None
+    tensor_parallel_size: int = 1
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
@@ -40,7 +41,11 @@ class EngineArgs:
         parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
         parser.add_argument("--num-kv-blocks", type=int, default=None,
                             help="exact KV pool size in blocks (overrides --kv-cache-memory)")
-        parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+        parser.add_argument("--num-threads", type=int, default=None,
+                            help="torch CPU threads per process (default: the cores, shared among the TP ranks)")
+        parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                            help="shard the model over this many worker processes (torch.distributed); "
+                                 "it must split the attention heads evenly")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
@@ -49,6 +54,9 @@ class EngineArgs:
     def cache_config(self) -> CacheConfig:
         return CacheConfig(block_size=self.block_size, kv_cache_memory=self.kv_cache_memory,
                            num_blocks=self.num_kv_blocks)
+
+    def parallel_config(self) -> ParallelConfig:
+        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size)
 
     def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
         max_len = self.max_model_len or min(model_max_len, 8192)

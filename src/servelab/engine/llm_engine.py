@@ -52,9 +52,16 @@ class LLMEngine:
         dtype = resolve_dtype(args.dtype)
         cache = args.cache_config()
         sched = args.scheduler_config(model_config.max_position_embeddings)
-        config = EngineConfig(model=model_config, cache=cache, scheduler=sched, dtype=str(dtype).removeprefix("torch."))
+        # EngineConfig checks the tensor-parallel size against the model's heads before any process starts.
+        config = EngineConfig(model=model_config, cache=cache, scheduler=sched, parallel=args.parallel_config(),
+                              dtype=str(dtype).removeprefix("torch."))
         tokenizer = Tokenizer.from_pretrained(folder)
-        executor = ModelExecutor.from_pretrained(folder, model_config, cache, dtype, sched.max_model_len)
+        if config.parallel.tensor_parallel_size == 1:
+            executor = ModelExecutor.from_pretrained(folder, model_config, cache, dtype, sched.max_model_len)
+        else:
+            from servelab.executor.multiproc_executor import MultiprocExecutor
+
+            executor = MultiprocExecutor.from_pretrained(folder, config, num_threads=args.num_threads)
         return cls(config, tokenizer, executor, Path(args.model).name if args.model else DEFAULT_MODEL)
 
     @property

@@ -1,7 +1,11 @@
 """Runs a StepPlan on the real model: builds the flattened batch, runs the forward pass over the paged
-KV cache, samples. Owns all device state (weights, KV tensors, per-request sampling history)."""
+KV cache, samples. Owns all device state (weights, KV tensors, per-request sampling history).
+
+The single-process engine uses it directly; under tensor parallelism every worker process holds one,
+built with its rank's TensorParallelGroup, and only the first rank's samples are returned."""
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -10,6 +14,7 @@ import torch
 from servelab.config import CacheConfig
 from servelab.core.block_manager import num_blocks_for_memory
 from servelab.core.plan import ScheduledRequest, StepPlan, StepResult
+from servelab.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from servelab.model.attention import AttentionMetadata, PrefillChunk
 from servelab.model.llama import LlamaForCausalLM
 from servelab.model.loader import load_state_dict
@@ -35,24 +40,26 @@ class ModelExecutor:
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
-        # (2, num_blocks, block_size, num_kv_heads, head_dim) per layer. Zeroed: masked-out slots are still
-        # multiplied by a 0 attention weight, and 0 * NaN from uninitialised memory would poison the output.
-        self.kv_caches = [
-            torch.zeros(2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim, dtype=model.dtype)
-            for _ in range(cfg.num_hidden_layers)
-        ]
+        # (2, num_blocks, block_size, this rank's num_kv_heads, head_dim) per layer. Zeroed: masked-out slots
+        # are still multiplied by a 0 attention weight, and 0 * NaN from uninitialised memory would poison
+        # the output.
+        self.kv_caches = [torch.zeros(model.kv_cache_shape(num_blocks, block_size), dtype=model.dtype)
+                          for _ in range(cfg.num_hidden_layers)]
         self.sampler = Sampler()
         self._rows: dict[str, SamplingRow] = {}
 
     @classmethod
     def from_pretrained(cls, folder: Path, model_config: ModelSpec, cache_config: CacheConfig,
-                        dtype: torch.dtype, max_model_len: int) -> "ModelExecutor":
-        model = LlamaForCausalLM(model_config, dtype, max_positions=max_model_len)
+                        dtype: torch.dtype, max_model_len: int,
+                        tp: TensorParallelGroup = SINGLE_RANK) -> "ModelExecutor":
+        """kv_cache_memory is per rank (as vLLM's memory budget is per device): a rank holding 1/N of
+        the KV heads fits N times the blocks."""
+        model = LlamaForCausalLM(model_config, dtype, max_positions=max_model_len, tp=tp)
         model.load_weights(load_state_dict(folder, dtype))
         model.eval()
+        kv_bytes_per_token = model_config.num_hidden_layers * math.prod(model.kv_cache_shape(1, 1)) * dtype.itemsize
         num_blocks = cache_config.num_blocks or num_blocks_for_memory(
-            kv_cache_bytes(cache_config), model_config.kv_bytes_per_token(str(dtype).removeprefix("torch.")),
-            cache_config.block_size)
+            kv_cache_bytes(cache_config), kv_bytes_per_token, cache_config.block_size)
         if num_blocks < 1:
             raise ValueError("kv_cache_memory is too small to hold a single KV block")
         return cls(model, num_blocks, cache_config.block_size)
@@ -65,6 +72,13 @@ class ModelExecutor:
                 seen.add(id(p))
                 total += p.numel() * p.element_size()
         return total
+
+    @property
+    def weight_bytes_per_rank(self) -> tuple[int, ...]:
+        return (self.weight_bytes,)
+
+    def shutdown(self) -> None:
+        """Nothing to stop in one process; here so every executor can be shut down alike."""
 
     def execute(self, plan: StepPlan) -> StepResult:
         start = time.perf_counter()
@@ -89,8 +103,9 @@ class ModelExecutor:
                     last_rows.append(row - 1)
                     sampled_reqs.append(s)
             sampled = {}
-            if sampled_reqs:
-                logits = self.model.compute_logits(hidden[last_rows])
+            # Every rank computes its vocabulary slice; only the first rank gets logits back, and samples.
+            logits = self.model.compute_logits(hidden[last_rows]) if sampled_reqs else None
+            if logits is not None:
                 rows = [self._rows[s.request_id] for s in sampled_reqs]
                 for s, row_state, token in zip(sampled_reqs, rows, self.sampler(logits, rows)):
                     row_state.output_token_ids.append(token.token_id)

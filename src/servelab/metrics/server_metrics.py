@@ -2,6 +2,8 @@
 servelab's own meters. One registry per server so tests can run several in one process."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from servelab.metrics.events import EngineState, FinishedRequest, StepSample
@@ -30,9 +32,19 @@ def token_buckets(max_value: int) -> tuple[int, ...]:
         exponent += 1
 
 
+def weight_bytes_by_device(weight_bytes: int | Sequence[int], device: str) -> dict[str, int]:
+    """One series per tensor-parallel rank (device "cpu:0", "cpu:1", ...); a single device keeps its name."""
+    if isinstance(weight_bytes, int):
+        return {device: weight_bytes}
+    if len(weight_bytes) == 1:
+        return {device: weight_bytes[0]}
+    return {f"{device}:{rank}": value for rank, value in enumerate(weight_bytes)}
+
+
 class ServerMetrics:
-    def __init__(self, model_name: str, weight_bytes: int, max_model_len: int = 8192, device: str = "cpu",
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, model_name: str, weight_bytes: int | Sequence[int], max_model_len: int = 8192,
+                 device: str = "cpu", registry: CollectorRegistry | None = None) -> None:
+        """weight_bytes: the executor's weight_bytes_per_rank (or one total)."""
         self.registry = registry or CollectorRegistry()
         self.model_name = model_name
         labels = ["model_name"]
@@ -118,7 +130,8 @@ class ServerMetrics:
             self.request_success.labels(m, reason)
         for reason in ("queue_full", "draining"):
             self.num_requests_rejected.labels(m, reason)
-        self.weight_bytes.labels(m, device).set(weight_bytes)
+        for device_name, value in weight_bytes_by_device(weight_bytes, device).items():
+            self.weight_bytes.labels(m, device_name).set(value)
         self._num_preemptions_seen = 0
 
     # ---- recording (called from the metrics recorder thread, never the engine's)

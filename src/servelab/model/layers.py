@@ -1,10 +1,13 @@
-"""Matmul dispatch: bf16 weights on a CPU without native bf16 run through servelab's AVX2 kernel
-with fp32 activations; everything else goes to PyTorch."""
+"""Matmul dispatch (bf16 weights on a CPU run through servelab's AVX2 kernel with fp32 activations;
+everything else goes to PyTorch) and the tensor-parallel layers that shard weights at load time.
+At tensor_parallel_size 1 every layer holds the whole weight and communicates nothing."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from servelab.distributed.parallel_state import TensorParallelGroup
 from servelab.kernels import linear_bf16w
 
 
@@ -29,3 +32,119 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
             return F.linear(x, weight.float(), None if bias is None else bias.float())
         return kernel(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
+
+
+def _weight(*shape: int, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T with W's output rows split: every fused part (q|k|v, gate|up) gives each rank an
+    equal slice of its rows, so a rank's output is its slice of y and needs no communication."""
+
+    def __init__(self, input_size: int, output_sizes: tuple[int, ...], tp: TensorParallelGroup,
+                 dtype: torch.dtype, bias: bool = False) -> None:
+        super().__init__()
+        self.tp = tp
+        self.output_sizes = tuple(size // tp.world_size for size in output_sizes)  # this rank's, per part
+        self.weight = _weight(sum(self.output_sizes), input_size, dtype=dtype)  # (sum(output_sizes), input_size)
+        self.bias = _weight(sum(self.output_sizes), dtype=dtype) if bias else None
+
+    def shard_start(self, part: int) -> int:
+        """First row of this rank's slice within fused part `part` of the full weight."""
+        return self.tp.rank * self.output_sizes[part]
+
+    def _shard(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([full.narrow(0, self.shard_start(i), self.output_sizes[i]) for i, full in enumerate(parts)])
+
+    def load(self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None = None) -> None:
+        """Full (unsharded) weights of each fused part, in order; this rank keeps its rows."""
+        self.weight.data.copy_(self._shard(weights))
+        if self.bias is not None:
+            if biases is None:
+                raise ValueError("checkpoint has no bias for a layer that takes one")
+            self.bias.data.copy_(self._shard(biases))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q|k|v split by heads: a rank holds num_heads / N query heads and the KV heads they read,
+    num_kv_heads / N of them, or, when N exceeds num_kv_heads, one KV head copied on
+    N / num_kv_heads ranks (vLLM's rule)."""
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
+                 tp: TensorParallelGroup, dtype: torch.dtype, bias: bool = False) -> None:
+        n = tp.world_size
+        self.num_heads = num_heads // n  # this rank's
+        self.num_kv_heads = max(1, num_kv_heads // n)
+        self.num_kv_head_replicas = max(1, n // num_kv_heads)
+        sizes = (num_heads * head_dim, self.num_kv_heads * head_dim * n, self.num_kv_heads * head_dim * n)
+        super().__init__(hidden_size, sizes, tp, dtype, bias)
+
+    def shard_start(self, part: int) -> int:
+        if part == 0:
+            return self.tp.rank * self.output_sizes[0]
+        return self.tp.rank // self.num_kv_head_replicas * self.output_sizes[part]
+
+
+class RowParallelLinear(nn.Module):
+    """y = x W^T with W's input columns split: each rank multiplies its slice of x (the sharded
+    output of a ColumnParallelLinear) by its columns, and an all-reduce sums the partial products."""
+
+    def __init__(self, input_size: int, output_size: int, tp: TensorParallelGroup, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.tp = tp
+        self.input_size = input_size // tp.world_size  # this rank's
+        self.weight = _weight(output_size, self.input_size, dtype=dtype)  # (output_size, input_size / N)
+
+    def load(self, weight: torch.Tensor) -> None:
+        self.weight.data.copy_(weight.narrow(1, self.tp.rank * self.input_size, self.input_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(linear(x, self.weight))
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows split by vocabulary: rank r holds token ids [r * n, (r + 1) * n) with
+    n = ceil(vocab_size / N), the last rank's tail padded with zeros. A lookup zeroes the ids other
+    ranks hold, and the all-reduce fills them in."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallelGroup, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.tp = tp
+        self.vocab_size = vocab_size
+        self.num_embeddings = -(-vocab_size // tp.world_size)  # this rank's rows, padding included
+        self.vocab_start = tp.rank * self.num_embeddings
+        self.vocab_end = min(self.vocab_start + self.num_embeddings, vocab_size)
+        self.weight = _weight(self.num_embeddings, hidden_size, dtype=dtype)  # (vocab_size / N, hidden)
+
+    def load(self, weight: torch.Tensor) -> None:
+        rows = weight[self.vocab_start:self.vocab_end]
+        self.weight.data[len(rows):].zero_()
+        self.weight.data[:len(rows)].copy_(rows)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.world_size == 1:
+            return F.embedding(input_ids, self.weight)
+        elsewhere = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
+        local_ids = (input_ids - self.vocab_start).masked_fill_(elsewhere, 0)
+        x = F.embedding(local_ids, self.weight).masked_fill_(elsewhere.unsqueeze(-1), 0)
+        return self.tp.all_reduce(x)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """The output projection split like the embedding: each rank computes the logits of its
+    vocabulary slice; the first rank gathers the slices (dropping the padding) to sample from."""
+
+    def tie_weights(self, embedding: VocabParallelEmbedding) -> None:
+        self.weight = embedding.weight
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Full-vocabulary logits (num_rows, vocab_size) on the first rank, None on the others."""
+        logits = linear(hidden, self.weight)
+        if self.tp.world_size == 1:
+            return logits
+        logits = self.tp.gather_last_dim(logits)
+        return None if logits is None else logits[:, :self.vocab_size]

@@ -2,6 +2,9 @@
 
 Inputs are flattened across the batch: one row per token being computed this step.
 Weights are fused at load time (q|k|v, gate|up) so a layer is two big matmuls and two small ones.
+Under tensor parallelism each rank builds the same model from its TensorParallelGroup: the shapes
+below are one rank's (heads, KV heads, MLP columns and vocabulary divided by N), and a layer does
+two all-reduces, after o_proj and after down_proj.
 """
 from __future__ import annotations
 
@@ -11,9 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from servelab.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from servelab.kernels import cpu_ops
 from servelab.model.attention import AttentionMetadata, paged_attention, prefill_attention, write_kv
-from servelab.model.layers import compute_dtype, linear
+from servelab.model.layers import (ColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RowParallelLinear,
+                                   VocabParallelEmbedding, compute_dtype)
 from servelab.specs import ModelSpec
 
 
@@ -70,26 +75,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelSpec, dtype: torch.dtype) -> None:
+    def __init__(self, config: ModelSpec, dtype: torch.dtype, tp: TensorParallelGroup) -> None:
         super().__init__()
         h, hd = config.hidden_size, config.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, hd
-        self.q_size, self.kv_size = self.num_heads * hd, self.num_kv_heads * hd
-        self.eps = config.rms_norm_eps
         empty = lambda *shape: nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)  # noqa: E731
-        self.input_norm = empty(h)
-        self.qkv_proj = empty(self.q_size + 2 * self.kv_size, h)
-        self.qkv_bias = empty(self.q_size + 2 * self.kv_size) if config.attention_bias else None
-        self.o_proj = empty(h, self.q_size)
+        self.input_norm = empty(h)  # norms are replicated on every rank
         self.post_attention_norm = empty(h)
-        self.gate_up_proj = empty(2 * config.intermediate_size, h)
-        self.down_proj = empty(h, config.intermediate_size)
+        # (q_size + 2 * kv_size, h): this rank's query heads and the KV heads they read
+        self.qkv_proj = QKVParallelLinear(h, hd, config.num_attention_heads, config.num_key_value_heads, tp, dtype,
+                                          bias=config.attention_bias)
+        self.num_heads, self.num_kv_heads, self.head_dim = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads, hd
+        self.q_size, self.kv_size = self.num_heads * hd, self.num_kv_heads * hd
+        self.o_proj = RowParallelLinear(config.num_attention_heads * hd, h, tp, dtype)  # (h, q_size), all-reduce
+        # (2 * intermediate_size / N, h) and (h, intermediate_size / N), all-reduce
+        self.gate_up_proj = ColumnParallelLinear(h, (config.intermediate_size,) * 2, tp, dtype)
+        self.down_proj = RowParallelLinear(config.intermediate_size, h, tp, dtype)
+        self.eps = config.rms_norm_eps
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
         hidden = rms_norm(x, self.input_norm, self.eps)
-        qkv = linear(hidden, self.qkv_proj, self.qkv_bias)
+        qkv = self.qkv_proj(hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -97,11 +104,10 @@ class DecoderLayer(nn.Module):
         q, k = rope(positions, q, k)
         write_kv(kv_cache, k, v, meta.slot_mapping)
         attn = paged_attention(q, kv_cache, meta).view(num_tokens, self.q_size)
-        x = x + linear(attn, self.o_proj)
+        x = x + self.o_proj(attn)
         hidden = rms_norm(x, self.post_attention_norm, self.eps)
-        gate, up = linear(hidden, self.gate_up_proj).chunk(2, dim=-1)
-        return x + linear(F.silu(gate) * up, self.down_proj)
-
+        gate, up = self.gate_up_proj(hidden).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
 
     def forward_fused(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
                       rope: RotaryEmbedding, kv_cache: torch.Tensor, meta: AttentionMetadata, ops,
@@ -112,7 +118,7 @@ class DecoderLayer(nn.Module):
             residual, x = x, ops.rms_norm(x, norms[0], self.eps)
         else:
             ops.add_rms_norm_(x, residual, norms[0], self.eps)
-        qkv = linear(x, self.qkv_proj, self.qkv_bias)
+        qkv = self.qkv_proj(x)
         ops.rope_and_cache_(qkv, positions, rope.cos, rope.sin, self.num_heads, self.num_kv_heads, kv_cache,
                             meta.slot_mapping)
         q = qkv[:, :self.q_size]
@@ -127,23 +133,25 @@ class DecoderLayer(nn.Module):
                     q[:num_decode], kv_cache, meta.decode_block_tables, meta.decode_context_lens, self.num_heads)
             qp = q[num_decode:].reshape(-1, self.num_heads, self.head_dim)
             attn[num_decode:] = prefill_attention(qp, kv_cache, meta.prefills, num_decode).flatten(1)
-        x = linear(attn, self.o_proj)
+        x = self.o_proj(attn)
         ops.add_rms_norm_(x, residual, norms[1], self.eps)
-        x = linear(ops.silu_and_mul(linear(x, self.gate_up_proj)), self.down_proj)
+        x = self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
         return x, residual
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelSpec, dtype: torch.dtype, max_positions: int) -> None:
+    def __init__(self, config: ModelSpec, dtype: torch.dtype, max_positions: int,
+                 tp: TensorParallelGroup = SINGLE_RANK) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype
-        self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, dtype=dtype),
-                                         requires_grad=False)
-        self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.num_hidden_layers))
+        self.tp = tp
+        self.embedding = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp, dtype)
+        self.layers = nn.ModuleList(DecoderLayer(config, dtype, tp) for _ in range(config.num_hidden_layers))
         self.norm = nn.Parameter(torch.empty(config.hidden_size, dtype=dtype), requires_grad=False)
-        self.lm_head = self.embed_tokens if config.tie_word_embeddings else nn.Parameter(
-            torch.empty(config.vocab_size, config.hidden_size, dtype=dtype), requires_grad=False)
+        self.head = ParallelLMHead(config.vocab_size, config.hidden_size, tp, dtype)
+        if config.tie_word_embeddings:
+            self.head.tie_weights(self.embedding)
         # Weights (and the KV cache) are stored in dtype; activations run in compute_dtype.
         self.compute_dtype = compute_dtype(dtype, torch.device("cpu"))
         # bf16 weights on a CPU with servelab's ops take the fused path; fp32 stays on the
@@ -153,6 +161,20 @@ class LlamaForCausalLM(nn.Module):
         self._decode_runner = None  # the fused path's single-sequence decode step, set by load_weights
         self.rope = RotaryEmbedding(config, max_positions, self.compute_dtype)
 
+    @property
+    def embed_tokens(self) -> nn.Parameter:
+        """This rank's embedding rows (num_embeddings, hidden): all of them at tensor_parallel_size 1."""
+        return self.embedding.weight
+
+    @property
+    def lm_head(self) -> nn.Parameter:
+        return self.head.weight
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """One layer's KV cache on this rank: its KV heads only."""
+        layer = self.layers[0]
+        return (2, num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: (num_tokens,). Returns final-normed hidden states (num_tokens, hidden)."""
@@ -160,7 +182,7 @@ class LlamaForCausalLM(nn.Module):
             # One sequence decoding (batch 1): the whole step is one C++ call, see kernels/decode_step.cpp.
             return self._decode_runner.forward(input_ids.item(), positions.item(), meta.slot_mapping.item(),
                                                meta.decode_block_tables, kv_caches)
-        x = F.embedding(input_ids, self.embed_tokens).to(self.compute_dtype)
+        x = self.embedding(input_ids).to(self.compute_dtype)
         if self.ops is not None:
             return self._forward_fused(x, positions, kv_caches, meta)
         for layer, kv_cache in zip(self.layers, kv_caches):
@@ -174,41 +196,43 @@ class LlamaForCausalLM(nn.Module):
         self.ops.add_rms_norm_(x, residual, self._final_norm, self.config.rms_norm_eps)
         return x
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: final-normed states of the rows to sample (forward() applies the final norm)."""
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """hidden: final-normed states of the rows to sample (forward() applies the final norm).
+        Full-vocabulary logits on the first rank; None on the other ranks."""
         if self._decode_runner is not None and hidden.shape[0] == 1:
             return self._decode_runner.logits(hidden)
-        return linear(hidden, self.lm_head)
+        return self.head.compute_logits(hidden)
 
     def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Copy Hugging Face-named tensors in, fusing q|k|v and gate|up. Missing or unexpected names raise."""
-        sd = {k.removeprefix("model."): v for k, v in state_dict.items()}
-        copy = lambda dst, src: dst.data.copy_(src.to(self.dtype))  # noqa: E731
-        copy(self.embed_tokens, sd.pop("embed_tokens.weight"))
-        copy(self.norm, sd.pop("norm.weight"))
+        """Copy Hugging Face-named (full, unsharded) tensors in; each parallel layer keeps this rank's
+        slice, fusing q|k|v and gate|up. Missing or unexpected names raise."""
+        sd = {k.removeprefix("model."): v for k, v in state_dict.items()}  # copy_ casts to self.dtype
+        self.embedding.load(sd.pop("embed_tokens.weight"))
+        self.norm.data.copy_(sd.pop("norm.weight"))
         head = sd.pop("lm_head.weight", None)
         if not self.config.tie_word_embeddings:
             if head is None:
                 raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
-            copy(self.lm_head, head)
+            self.head.load(head)
         for i, layer in enumerate(self.layers):
             p = f"layers.{i}."
             take = lambda name: sd.pop(p + name)  # noqa: E731
-            copy(layer.input_norm, take("input_layernorm.weight"))
-            copy(layer.post_attention_norm, take("post_attention_layernorm.weight"))
-            copy(layer.qkv_proj, torch.cat([take(f"self_attn.{n}_proj.weight") for n in "qkv"]))
-            if layer.qkv_bias is not None:
-                copy(layer.qkv_bias, torch.cat([take(f"self_attn.{n}_proj.bias") for n in "qkv"]))
-            copy(layer.o_proj, take("self_attn.o_proj.weight"))
-            copy(layer.gate_up_proj, torch.cat([take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")]))
-            copy(layer.down_proj, take("mlp.down_proj.weight"))
+            layer.input_norm.data.copy_(take("input_layernorm.weight"))
+            layer.post_attention_norm.data.copy_(take("post_attention_layernorm.weight"))
+            biases = [take(f"self_attn.{n}_proj.bias") for n in "qkv"] if layer.qkv_proj.bias is not None else None
+            layer.qkv_proj.load([take(f"self_attn.{n}_proj.weight") for n in "qkv"], biases)
+            layer.o_proj.load(take("self_attn.o_proj.weight"))
+            layer.gate_up_proj.load([take("mlp.gate_proj.weight"), take("mlp.up_proj.weight")])
+            layer.down_proj.load(take("mlp.down_proj.weight"))
         leftover = [k for k in sd if "rotary_emb" not in k]
         if leftover:
             raise ValueError(f"unexpected weights in checkpoint: {leftover[:5]}")
         if self.ops is not None:
             self._fused_norms = [(lay.input_norm.float(), lay.post_attention_norm.float()) for lay in self.layers]
             self._final_norm = self.norm.float()
-            self._decode_runner = self._build_decode_runner()
+            # One C++ call per step has no room for all-reduces: the single-process engine only.
+            if self.tp.world_size == 1:
+                self._decode_runner = self._build_decode_runner()
 
     def _build_decode_runner(self):
         """The fused path's decode step of one sequence as one C++ call (kernels/decode_step.cpp), on
@@ -216,14 +240,14 @@ class LlamaForCausalLM(nn.Module):
         columns at a time, rows in groups of 4)."""
         cfg = self.config
         columns = (cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads * cfg.head_dim)
-        rows = (cfg.hidden_size, cfg.intermediate_size, self.layers[0].qkv_proj.shape[0], cfg.vocab_size)
+        rows = (cfg.hidden_size, cfg.intermediate_size, self.layers[0].qkv_proj.weight.shape[0], cfg.vocab_size)
         if any(c % 16 for c in columns) or any(r % 4 for r in rows):
             return None
         runner = self.ops.DecodeRunner(self.embed_tokens, self.lm_head, self._final_norm, self.rope.cos,
                                        self.rope.sin, cfg.num_attention_heads, cfg.num_key_value_heads,
                                        cfg.rms_norm_eps)
         for layer, (input_norm, post_norm) in zip(self.layers, self._fused_norms):
-            bias = None if layer.qkv_bias is None else layer.qkv_bias.float()
-            runner.add_layer(input_norm, layer.qkv_proj, bias, layer.o_proj, post_norm, layer.gate_up_proj,
-                             layer.down_proj)
+            bias = None if layer.qkv_proj.bias is None else layer.qkv_proj.bias.float()
+            runner.add_layer(input_norm, layer.qkv_proj.weight, bias, layer.o_proj.weight, post_norm,
+                             layer.gate_up_proj.weight, layer.down_proj.weight)
         return runner

@@ -1,0 +1,56 @@
+"""What the driver and the tensor-parallel workers say to each other over their pipes: typed values,
+pickled once by the sender."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab.config import CacheConfig
+from servelab.specs import ModelSpec
+from servelab.core.plan import SampledToken, StepPlan
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to build its shard; the rendezvous store is the driver's."""
+    folder: Path
+    model: ModelSpec
+    cache: CacheConfig
+    dtype: str
+    max_model_len: int
+    rank: int
+    world_size: int
+    store_host: str
+    store_port: int
+    num_threads: int
+    collective_timeout_s: float
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    rank: int
+    pid: int
+    weight_bytes: int
+    num_blocks: int
+
+
+@dataclass(frozen=True)
+class ExecuteStep:
+    plan: StepPlan
+
+
+@dataclass(frozen=True)
+class StepDone:
+    """The first rank's answer to ExecuteStep; the other ranks send nothing unless they fail."""
+    sampled: dict[str, SampledToken]
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    rank: int
+    error: str  # the worker's traceback
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
