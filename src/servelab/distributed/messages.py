@@ -48,7 +48,8 @@ class StepDone:
 @dataclass(frozen=True)
 class WorkerFailed:
     rank: int
-    error: str  # the worker's traceback
+    error: str  # "ExceptionType: message"
+    traceback: str
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,11 @@ class WorkerError(RuntimeError):
         self.reported = reported  # the worker sent its own traceback
 
 
+def _failed(message: WorkerFailed) -> WorkerError:
+    return WorkerError(f"tensor-parallel worker rank {message.rank} failed: {message.error}\n"
+                       f"worker traceback:\n{message.traceback}", reported=True)
+
+
 @dataclass
 class _Workers:
     processes: list[BaseProcess] = field(default_factory=list)
@@ -79,7 +84,7 @@ class _Workers:
                 if conn in ready:
                     message = self._recv(r)
                     if isinstance(message, WorkerFailed):
-                        raise WorkerError(f"tensor-parallel worker rank {message.rank} failed:\n{message.error}")
+                        raise _failed(message)
                     if r not in ranks:
                         raise WorkerError(f"tensor-parallel worker rank {r} sent an unexpected "
                                           f"{type(message).__name__}")
@@ -100,7 +105,7 @@ class _Workers:
         except (EOFError, OSError):
             message = None
         if isinstance(message, WorkerFailed):
-            return WorkerError(f"tensor-parallel worker rank {rank} failed:\n{message.error}", reported=True)
+            return _failed(message)
         process.join(timeout=1.0)
         code = process.exitcode
         if code is None:

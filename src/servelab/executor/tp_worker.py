@@ -25,12 +25,10 @@ def run_worker(spec: WorkerSpec, conn: Connection) -> None:
     exit_code = 0
     try:
         _serve(spec, conn)
-    except EOFError:
-        pass
-    except BaseException:
+    except BaseException as e:
         exit_code = 1
         try:
-            conn.send(WorkerFailed(spec.rank, traceback.format_exc()))
+            conn.send(WorkerFailed(spec.rank, f"{type(e).__name__}: {e}", traceback.format_exc()))
         except OSError:
             pass
     destroy_tensor_parallel()
@@ -50,7 +48,10 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
                                              spec.max_model_len, tp=tp)
     conn.send(WorkerReady(spec.rank, os.getpid(), executor.weight_bytes, executor.num_blocks))
     while True:
-        message = conn.recv()
+        try:
+            message = conn.recv()
+        except EOFError:  # the driver is gone
+            return
         if isinstance(message, Shutdown):
             return
         if not isinstance(message, ExecuteStep):
