@@ -8,12 +8,12 @@ import stat
 import pytest
 from fake_openai_server import FakeOpenAIServer, Plan
 
-from servelab.bench import llama_cpp_build as build
-from servelab.bench import llama_cpp_runs as runs_mod
-from servelab.bench.peers import add_roofline_shares, build_workloads, parse_only, result_name
-from servelab.bench.peers_runs import online_run
-from servelab.bench.peers_report import parse_lscpu, table_rows, write_peers
-from servelab.bench.roofline import (gemm_seconds, int8_gemm_seconds, linear_shapes, measure_roofline,
+from servelab.bench.peers import llama_cpp_build as build
+from servelab.bench.peers import llama_cpp_runs as runs_mod
+from servelab.bench.peers.command import add_roofline_shares, build_workloads, parse_only, result_name
+from servelab.bench.peers.runs import online_run
+from servelab.bench.peers.report import parse_lscpu, table_rows, write_peers
+from servelab.bench.peers.roofline import (gemm_seconds, int8_gemm_seconds, linear_shapes, measure_roofline,
                                      read_bandwidth_gbs)
 from servelab.entrypoints.cli import main
 

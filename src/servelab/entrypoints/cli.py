@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_serve.add_parser(bench_sub)
     sweep.add_parser(bench_sub)
     stages.add_parser(bench_sub)
-    from servelab.bench import peers
+    from servelab.bench.peers import command as peers
     peers.add_parser(bench_sub)
 
     from servelab.lab.cli import add_lab_parser

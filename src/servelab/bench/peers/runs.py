@@ -12,7 +12,7 @@ from pathlib import Path
 
 from servelab.bench.datasets import BenchRequest
 
-from servelab.bench.peers_workloads import Workloads
+from servelab.bench.peers.workloads import Workloads
 
 SLOT_COUNTS = (16, 64)
 
@@ -29,8 +29,8 @@ def online_run(kind: str, label: str, peer: str, engine: str, config: str, serve
 
 
 def run_llama_cpp(args, tools, work: Workloads, tokenizer, log_dir: Path, threads: int) -> tuple[list, dict]:
-    from servelab.bench.llama_cpp_build import cache_dir
-    from servelab.bench.llama_cpp_runs import (LlamaServer, free_port, quantized_copy, run_llama_bench,
+    from servelab.bench.peers.llama_cpp_build import cache_dir
+    from servelab.bench.peers.llama_cpp_runs import (LlamaServer, free_port, quantized_copy, run_llama_bench,
                                                server_command, slot_context)
     from servelab.model.loader import default_gguf_path
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from servelab.bench.peers_workloads import build_workloads
+from servelab.bench.peers.workloads import build_workloads
 
 PEERS = ("servelab", "llama.cpp", "hf")
 
@@ -66,7 +66,7 @@ def num_threads() -> int:
 
 
 def llama_cpp_tools(args: argparse.Namespace):
-    from servelab.bench.llama_cpp_build import (LLAMA_CPP_PYTHON_VERSION, BuildError, cache_dir, ensure_llama_cpp,
+    from servelab.bench.peers.llama_cpp_build import (LLAMA_CPP_PYTHON_VERSION, BuildError, cache_dir, ensure_llama_cpp,
                                                 existing_tools, LlamaCppTools)
 
     if args.llama_cpp_dir is not None:
@@ -91,10 +91,10 @@ def add_roofline_shares(runs: list[dict], bandwidth_gbs: float) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from servelab.bench.datasets import load_tokenizer
-    from servelab.bench.peers_report import cpu_summary, table_rows, write_peers
-    from servelab.bench.peers_runs import run_hf, run_llama_cpp, run_servelab_offline, run_servelab_online
+    from servelab.bench.peers.report import cpu_summary, table_rows, write_peers
+    from servelab.bench.peers.runs import run_hf, run_llama_cpp, run_servelab_offline, run_servelab_online
     from servelab.bench.results import markdown_table
-    from servelab.bench.roofline import linear_shapes, measure_roofline
+    from servelab.bench.peers.roofline import linear_shapes, measure_roofline
     from servelab.model.loader import DEFAULT_MODEL, resolve_model_path
 
     start = time.perf_counter()

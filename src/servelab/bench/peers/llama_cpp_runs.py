@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from servelab.bench.llama_cpp_build import LlamaCppTools
+from servelab.bench.peers.llama_cpp_build import LlamaCppTools
 
 
 def free_port() -> int:
