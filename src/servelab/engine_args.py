@@ -19,6 +19,9 @@ class EngineArgs:
     block_size: int = 16
     num_kv_blocks: int | None = None
     num_threads: int | None = None
+    # `servelab serve` only: engine-core processes behind the API server, or one engine in a thread of it
+    data_parallel_size: int = 1
+    engine_in_process: bool = False
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
@@ -41,6 +44,16 @@ class EngineArgs:
         parser.add_argument("--num-kv-blocks", type=int, default=None,
                             help="exact KV pool size in blocks (overrides --kv-cache-memory)")
         parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+
+    @staticmethod
+    def add_process_cli_args(parser: argparse.ArgumentParser) -> None:
+        """Where the engine runs (servelab serve)."""
+        parser.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                            help="engine-core processes, each a full replica with its own KV cache; the API "
+                                 "server sends each request to the least loaded")
+        parser.add_argument("--engine-in-process", action="store_true",
+                            help="debug: step the engine in a thread of the API server instead of its own process "
+                                 "(it then shares the GIL with the event loop)")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":

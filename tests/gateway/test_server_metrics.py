@@ -36,7 +36,7 @@ def scrape(metrics: ServerMetrics) -> dict:
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             name = re.sub(r',?model_name="m",?', lambda m: "," if m.group().count(",") == 2 else "", name)
-            values[name.replace("{}", "")] = float(value)
+            values[name.replace(',engine="0"', "").replace('engine="0"', "").replace("{}", "")] = float(value)
     return values
 
 
