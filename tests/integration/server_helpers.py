@@ -89,17 +89,26 @@ def parse_sse(body: str) -> list[str]:
 
 
 def metric_values(url: str, headers: dict | None = None) -> dict[str, float]:
-    """Prometheus samples as {'name{label=value,...}': value}, labels sorted, model_name left out."""
+    """Prometheus samples as {'name{label=value,...}': value}, labels sorted, model_name left out. A series
+    with an `engine` label (one per data-parallel engine core) is there as such and also summed over the
+    engines under its name without that label: 'servelab:num_requests_running' is the server's total."""
     from prometheus_client.parser import text_string_to_metric_families
 
     response = httpx.get(f"{url}/metrics", headers=headers or {}, timeout=10)
     response.raise_for_status()
-    values = {}
+    values: dict[str, float] = {}
     for family in text_string_to_metric_families(response.text):
         for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "model_name")
-            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+            labels = sorted((k, v) for k, v in sample.labels.items() if k != "model_name")
+            values[_key(sample.name, labels)] = sample.value
+            if "engine" in sample.labels:
+                total = _key(sample.name, [(k, v) for k, v in labels if k != "engine"])
+                values[total] = values.get(total, 0.0) + sample.value
     return values
+
+
+def _key(name: str, labels: list[tuple[str, str]]) -> str:
+    return f"{name}{{{','.join(f'{k}={v}' for k, v in labels)}}}" if labels else name
 
 
 def wait_for_metrics(url: str, predicate, timeout: float = 15.0, headers: dict | None = None) -> dict[str, float]:
