@@ -9,7 +9,8 @@ import signal
 
 import httpx
 
-from servelab.engine.core_client import InprocClient, launch_engine_cores
+from servelab.engine.core_client import InprocClient
+from servelab.engine.mp_client import launch_engine_cores
 from servelab.engine.core_process import EngineFactory
 from servelab.gateway.app import Gateway, build_app
 from servelab.gateway.async_llm import AsyncLLM

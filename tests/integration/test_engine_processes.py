@@ -1,6 +1,6 @@
 """`servelab serve` with its engine cores in their own processes (tiny model). `-dp 2`: two core processes
 share the load with greedy outputs identical to one engine's, every KV block is free after a flood with
-random disconnects, and SIGTERM leaves no process behind. A core killed with SIGKILL mid-stream: the
+random disconnects, and SIGTERM leaves no process behind (the lab's simulation worker included). A core killed with SIGKILL mid-stream: the
 stream ends with an `engine_dead` error event, /health and new requests get 503, and the server exits 1
 after --shutdown-grace."""
 from __future__ import annotations
@@ -127,8 +127,13 @@ def test_dp2_flood_with_random_disconnects_frees_every_block(dp2):
 
 
 def test_dp2_sigterm_leaves_no_process(dp2):
+    before = set(children(dp2.proc.pid))
+    # a lab simulation runs in a worker process of the server (not a thread sharing the event loop's GIL)
+    lab = {"model": "llama-3.1-8b", "gpu": "h100", "dataset": "sharegpt-like", "num_prompts": 40, "request_rate": 4}
+    simulated = httpx.post(f"{dp2.url}/lab/api/simulate", json=lab, timeout=120)
+    assert simulated.status_code == 200 and simulated.json()["metrics"]["completed"] == 40
     pids = children(dp2.proc.pid)
-    assert set(engine_pids(dp2)) <= set(pids)
+    assert set(engine_pids(dp2)) <= before and len(set(pids) - before) >= 1  # the lab's worker
     dp2.signal(signal.SIGTERM)
     assert dp2.proc.wait(timeout=60) == 0
     assert wait_gone(pids) == []

@@ -8,8 +8,14 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servelab.gateway.config import DEFAULT_SERVED_MODEL_NAME, ServerConfig
+
+if TYPE_CHECKING:
+    from servelab.engine.core_client import EngineCoreClient
+    from servelab.engine_args import EngineArgs
+    from servelab.model.tokenizer import Tokenizer
 
 logger = logging.getLogger("servelab.gateway")
 
@@ -103,13 +109,11 @@ def run_serve(args: argparse.Namespace) -> int:
                                             "needs_api_key": config.protect_metrics and bool(config.api_keys)})
         return serve(cores, tokenizer, config, model_path=model, log_level=args.log_level, routers=(lab,))
     finally:
-        for core in cores:
-            close = getattr(core, "close", None)  # engine-core processes: never left behind
-            if close is not None:
-                close()
+        for core in cores:  # engine-core processes are never left behind, however serving ended
+            core.close()
 
 
-def _start_engine_cores(engine_args, log_level: str) -> tuple[list, object]:
+def _start_engine_cores(engine_args: EngineArgs, log_level: str) -> tuple[list[EngineCoreClient], Tokenizer]:
     """The engine cores (processes, or one in this process) and the tokenizer the API server uses."""
     if engine_args.engine_in_process:
         from servelab.engine.core_client import InprocClient
@@ -117,7 +121,7 @@ def _start_engine_cores(engine_args, log_level: str) -> tuple[list, object]:
 
         engine = LLMEngine.from_engine_args(engine_args)
         return [InprocClient(engine)], engine.tokenizer
-    from servelab.engine.core_client import launch_engine_cores
+    from servelab.engine.mp_client import launch_engine_cores
     from servelab.engine.core_process import EngineFactory, engine_from_args
     from servelab.model.loader import resolve_model_path
     from servelab.model.tokenizer import Tokenizer
