@@ -77,6 +77,38 @@ class ServerProcess:
             self._log.close()
 
 
+def children(pid: int) -> list[int]:
+    """Live (not zombie) child processes of pid, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
+    """The pids still alive after waiting (bounded) for them all to exit."""
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
 def parse_sse(body: str) -> list[str]:
     """Split an SSE body into its data payloads, asserting OpenAI's exact framing."""
     assert body.endswith("\n\n"), body[-200:]

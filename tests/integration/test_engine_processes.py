@@ -1,8 +1,9 @@
 """`servelab serve` with its engine cores in their own processes (tiny model). `-dp 2`: two core processes
 share the load with greedy outputs identical to one engine's, every KV block is free after a flood with
-random disconnects, and SIGTERM leaves no process behind (the lab's simulation worker included). A core killed with SIGKILL mid-stream: the
+random disconnects, and a SIGKILL of the API server leaves no process behind (the lab's simulation
+worker included). A core killed with SIGKILL mid-stream: the
 stream ends with an `engine_dead` error event, /health and new requests get 503, and the server exits 1
-after --shutdown-grace."""
+after --shutdown-grace, stopping every process it started."""
 from __future__ import annotations
 
 import asyncio
@@ -11,52 +12,21 @@ import os
 import random
 import re
 import signal
-import time
 
 import httpx
 import pytest
 
 from servelab import LLM, SamplingParams
-from server_helpers import TINY_ENGINE_FLAGS, metric_values, parse_sse, wait_for_metrics
+from server_helpers import TINY_ENGINE_FLAGS, children, metric_values, parse_sse, wait_for_metrics, wait_gone
 
 GRACE_S = 5.0
 PROMPTS = [f"Request {i} is about" for i in range(8)]
-
-
-def children(pid: int) -> list[int]:
-    """Live child processes of pid, from /proc."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                found.append(int(entry))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def engine_pids(server) -> list[int]:
     match = re.search(r"engine cores ready: pids ([\d, ]+)", server.log())
     assert match, server.log()
     return [int(p) for p in match.group(1).split(", ")]
-
-
-def wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
 
 
 # ---- -dp 2
@@ -126,7 +96,9 @@ def test_dp2_flood_with_random_disconnects_frees_every_block(dp2):
     assert values["servelab:request_success_total{finished_reason=abort}"] >= leave_after.count(1)
 
 
-def test_dp2_sigterm_leaves_no_process(dp2):
+def test_dp2_api_server_killed_outright_leaves_no_process(dp2):
+    """SIGKILL gives the server no chance to stop anything: its engine cores and the lab's worker notice that
+    their parent is gone and exit by themselves."""
     before = set(children(dp2.proc.pid))
     # a lab simulation runs in a worker process of the server (not a thread sharing the event loop's GIL)
     lab = {"model": "llama-3.1-8b", "gpu": "h100", "dataset": "sharegpt-like", "num_prompts": 40, "request_rate": 4}
@@ -134,8 +106,8 @@ def test_dp2_sigterm_leaves_no_process(dp2):
     assert simulated.status_code == 200 and simulated.json()["metrics"]["completed"] == 40
     pids = children(dp2.proc.pid)
     assert set(engine_pids(dp2)) <= before and len(set(pids) - before) >= 1  # the lab's worker
-    dp2.signal(signal.SIGTERM)
-    assert dp2.proc.wait(timeout=60) == 0
+    dp2.signal(signal.SIGKILL)
+    dp2.proc.wait(timeout=30)
     assert wait_gone(pids) == []
 
 
@@ -143,8 +115,10 @@ def test_dp2_sigterm_leaves_no_process(dp2):
 def test_killed_engine_core_ends_streams_and_the_server_exits_1(start_server, tiny_llama_dir):
     server = start_server(tiny_llama_dir, *TINY_ENGINE_FLAGS, "--shutdown-grace", str(GRACE_S))
     [engine] = engine_pids(server)
+    lab = {"model": "llama-3.1-8b", "gpu": "h100", "dataset": "sharegpt-like", "num_prompts": 20, "request_rate": 4}
+    assert httpx.post(f"{server.url}/lab/api/simulate", json=lab, timeout=120).status_code == 200
     processes = children(server.proc.pid)
-    assert engine in processes
+    assert engine in processes and len(processes) >= 2  # the engine core, the lab's worker
     body = {"prompt": "Keep talking", "max_tokens": 480, "ignore_eos": True, "stream": True}
     lines = []
     with httpx.Client(timeout=30) as http:  # the bound on how long the stream may take to end

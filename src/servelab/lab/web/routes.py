@@ -15,6 +15,9 @@ import asyncio
 import json
 import logging
 import multiprocessing
+import os
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -60,6 +63,17 @@ def run_lab(command: str, lab_input) -> LabOutcome:
         return LabOutcome(error=str(bad), param=bad.param)
 
 
+def exit_with_parent(parent_pid: int) -> None:
+    """The worker's initializer: a server killed outright (SIGKILL, OOM) cannot stop its pool, so the worker
+    leaves by itself once its parent is gone."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="servelab-lab-parent-watch", daemon=True).start()
+
+
 class LabRunner:
     """One simulation at a time, in a one-worker process pool (spawned on first use). The check and the
     claim happen on the loop with no await between them, so no lock is needed."""
@@ -74,7 +88,8 @@ class LabRunner:
         self.running = command
         try:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=exit_with_parent, initargs=(os.getpid(),))
             return await asyncio.get_running_loop().run_in_executor(self._pool, run_lab, command, lab_input)
         finally:
             self.running = None
