@@ -3,11 +3,13 @@ same outputs as the in-process thread; a core killed with SIGKILL fails what was
 server answers 503; two data-parallel cores share the load and free every KV block; no process is left."""
 import asyncio
 import json
+import multiprocessing
 import os
 import random
 import signal
 
 import httpx
+import pytest
 
 from servelab.engine.core_client import InprocClient
 from servelab.engine.mp_client import launch_engine_cores
@@ -195,3 +197,9 @@ def test_engine_loads_pick_the_least_loaded_ties_to_the_lowest_index():
     loads.report(0, EngineState(1, 1, 0.0, 8, 8, 4, 0, 4, 0))
     assert [loads.load(i) for i in range(3)] == [2, 1, 1] and loads.pick() == 1
 
+
+
+def test_a_core_that_cannot_start_says_why_and_no_process_is_left():
+    with pytest.raises(RuntimeError, match="engine core 0 could not start: TypeError: .*no_such_option"):
+        launch_engine_cores(EngineFactory(make_engine, kwargs={"no_such_option": 1}), 1, timeout=120)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("servelab-engine-core")]
