@@ -1,5 +1,5 @@
 """The engine-core process: builds an LLMEngine from a picklable recipe and runs EngineLoop on two zmq
-sockets (PULL: inputs from the API server, PUSH: outputs to it). Started with `spawn`, so nothing of the
+sockets (PULL, bound: inputs from the API server; PUSH, connected: outputs to it). Started with `spawn`, so nothing of the
 API process (threads, sockets, the event loop) is inherited; not a daemon, so it may start processes of
 its own (tensor-parallel workers)."""
 from __future__ import annotations
@@ -59,7 +59,7 @@ def run_engine_core(factory: EngineFactory, engine_index: int, input_address: st
     codec = Codec()
     context = zmq.Context()
     inputs = context.socket(zmq.PULL)
-    inputs.connect(input_address)
+    inputs.bind(input_address)
     outputs = context.socket(zmq.PUSH)
     outputs.setsockopt(zmq.LINGER, OUTPUT_LINGER_MS)
     outputs.setsockopt(zmq.SNDHWM, 0)

@@ -1,8 +1,8 @@
 """MPClient: the API server's client of one engine-core process (see core_client.py for the interface).
 
-The API side binds both sockets on `ipc://` paths in a fresh temp dir (never a fixed name) and spawns the
-process, which connects, builds its engine and announces itself with EngineReady (its limits, for the
-input processor). Inputs go out on a PUSH socket without a high-water mark, so a send never blocks the
+The sockets live on `ipc://` paths in a fresh temp dir (never a fixed name): the API side binds the output
+socket, spawns the process, and connects to the input socket that the process binds; the process builds
+its engine and announces itself with EngineReady (its limits, for the input processor). Inputs go out on a PUSH socket without a high-water mark, so a send never blocks the
 event loop; outputs are read on the event loop through zmq.asyncio. When nothing arrives for
 DEATH_POLL_MS the process is checked: once it has exited, get_output raises EngineDeadError."""
 from __future__ import annotations
@@ -40,10 +40,12 @@ class MPClient:
         self._codec = Codec()
         self._dir = tempfile.mkdtemp(prefix=f"servelab-engine-{engine_index}-")
         self._context = zmq.Context()
+        # The core binds the input socket and this side connects: a connecting PUSH has its pipe at once, so
+        # what is sent before the core is listening waits in it instead of failing.
         self._input = self._context.socket(zmq.PUSH)
         self._input.setsockopt(zmq.SNDHWM, 0)  # never drop or block: the core drains between steps
         self._input.setsockopt(zmq.LINGER, 0)
-        self._input.bind(f"ipc://{self._dir}/input")
+        self._input.connect(f"ipc://{self._dir}/input")
         self._output = self._context.socket(zmq.PULL)
         self._output.setsockopt(zmq.LINGER, 0)
         self._output.bind(f"ipc://{self._dir}/output")
@@ -91,7 +93,8 @@ class MPClient:
             return False
         try:
             self._input.send(self._codec.encode(message), zmq.NOBLOCK)
-        except zmq.Again:  # no peer: the core is gone
+        except zmq.Again:  # cannot happen without a high-water mark; say so rather than lose the message
+            logger.error("engine core %d refused a message", self.engine_index)
             return False
         return True
 
