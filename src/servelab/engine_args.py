@@ -20,6 +20,9 @@ class EngineArgs:
     num_kv_blocks: int | None = None
     num_threads: int | None = None
     tensor_parallel_size: int = 1
+    # `servelab serve` only: engine-core processes behind the API server, or one engine in a thread of it
+    data_parallel_size: int = 1
+    engine_in_process: bool = False
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
@@ -46,6 +49,16 @@ class EngineArgs:
         parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                             help="shard the model over this many worker processes (torch.distributed); "
                                  "it must split the attention heads evenly")
+
+    @staticmethod
+    def add_process_cli_args(parser: argparse.ArgumentParser) -> None:
+        """Where the engine runs (servelab serve)."""
+        parser.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                            help="engine-core processes, each a full replica with its own KV cache; the API "
+                                 "server sends each request to the least loaded")
+        parser.add_argument("--engine-in-process", action="store_true",
+                            help="debug: step the engine in a thread of the API server instead of its own process "
+                                 "(it then shares the GIL with the event loop)")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":

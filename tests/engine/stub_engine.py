@@ -34,15 +34,18 @@ def word_id(position: int) -> int:
 
 class StubExecutor:
     """Samples word_id(context length) for each request that samples this step (EOS where eos_at_position
-    says so); records the plans. Optionally sleeps per step or fails the next step."""
+    says so); records the plans. Optionally sleeps per step, fails the next step, or fails the first step
+    that computes token fail_on_token_id (a trigger that works in an engine-core process too)."""
 
     weight_bytes = 1000
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, step_delay: float = 0.0, eos_at_position: int | None = None,
+                 fail_on_token_id: int | None = None) -> None:
         self.num_blocks = num_blocks
-        self.eos_at_position: int | None = None
-        self.step_delay = 0.0
+        self.eos_at_position = eos_at_position
+        self.step_delay = step_delay
         self.fail_next_step = False
+        self.fail_on_token_id = fail_on_token_id
         self.plans: list[StepPlan] = []
 
     @property
@@ -55,6 +58,9 @@ class StubExecutor:
             time.sleep(self.step_delay)
         if self.fail_next_step:
             self.fail_next_step = False
+            raise RuntimeError("boom")
+        if self.fail_on_token_id is not None and any(self.fail_on_token_id in s.token_ids for s in plan.scheduled):
+            self.fail_on_token_id = None
             raise RuntimeError("boom")
         sampled = {s.request_id: SampledToken(0 if s.context_len == self.eos_at_position else word_id(s.context_len))
                    for s in plan.scheduled if s.sample}
@@ -89,11 +95,13 @@ class CheckedEngine(LLMEngine):
 
 
 def make_engine(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 128, max_num_seqs: int = 8,
-                policy: str = "continuous") -> CheckedEngine:
+                policy: str = "continuous", **executor_options) -> CheckedEngine:
+    """executor_options: StubExecutor's step_delay, eos_at_position, fail_on_token_id. Importable by module
+    path, so an engine-core process (spawned) can build it through an EngineFactory."""
     model = ModelSpec("stub", "stub", "LlamaForCausalLM", vocab_size=len(VOCAB), hidden_size=8, intermediate_size=16,
                       num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1, head_dim=8,
                       max_position_embeddings=max_model_len)
     config = EngineConfig(model, CacheConfig(block_size=block_size, num_blocks=num_blocks),
                           SchedulerConfig(policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=64,
                                           max_model_len=max_model_len))
-    return CheckedEngine(config, tiny_tokenizer(), StubExecutor(num_blocks), "stub")
+    return CheckedEngine(config, tiny_tokenizer(), StubExecutor(num_blocks, **executor_options), "stub")

@@ -6,6 +6,7 @@ import json
 
 import httpx
 
+from servelab.engine.core_client import InprocClient
 from servelab.gateway.app import Gateway, build_app
 from servelab.gateway.config import ServerConfig
 from stub_engine import make_engine
@@ -13,7 +14,7 @@ from stub_engine import make_engine
 
 def run_app(engine, scenario, **config):
     async def main():
-        gateway = Gateway(engine, ServerConfig(served_model_names=("fake",), **config))
+        gateway = Gateway([InprocClient(engine)], engine.tokenizer, ServerConfig(served_model_names=("fake",), **config))
         gateway.start()
         try:
             transport = httpx.ASGITransport(app=build_app(gateway))
@@ -52,14 +53,14 @@ def test_failing_step_gives_error_event_then_the_server_serves_again():
     assert idle
 
 
-def test_dead_engine_is_503_and_unhealthy():
+def test_stopped_engine_is_503_and_unhealthy():
     async def scenario(http, engine, gateway):
-        gateway.engine.shutdown()
+        await gateway.engine.shutdown()
         return (await http.post("/v1/completions", json={"prompt": "hi"}), await http.get("/health"))
 
     response, health = run_app(make_engine(), scenario)
     assert response.status_code == 503 and response.json()["error"]["code"] == "engine_dead"
-    assert health.status_code == 503
+    assert health.status_code == 503 and "shutting down" in health.json()["error"]["message"]
 
 
 def test_timeout_while_queued_behind_a_long_step():

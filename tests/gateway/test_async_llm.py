@@ -12,12 +12,12 @@ from stub_engine import VOCAB, make_engine, word_id
 
 def run(engine, coro_fn, events=None):
     async def main():
-        async_engine = AsyncLLM(engine, on_events=events.append if events is not None else None)
+        async_engine = AsyncLLM.in_process(engine, on_events=events.append if events is not None else None)
         async_engine.start()
         try:
             return await asyncio.wait_for(coro_fn(async_engine), timeout=20)
         finally:
-            async_engine.shutdown()
+            await async_engine.shutdown()
 
     return asyncio.run(main())
 
@@ -58,8 +58,7 @@ def test_concurrent_requests_do_not_mix():
 
 
 def test_rejected_requests_raise_value_error_and_the_engine_keeps_serving():
-    engine = make_engine()
-    engine.executor.step_delay = 0.05  # "dup" must still be running when its duplicate arrives (50 steps: 2.5 s)
+    engine = make_engine(step_delay=0.02)  # "dup" runs its 127 tokens for ~2.5 s
 
     async def body(ae):
         with pytest.raises(ValueError, match="empty"):
@@ -68,8 +67,8 @@ def test_rejected_requests_raise_value_error_and_the_engine_keeps_serving():
             await ae.add_request("r", [len(VOCAB)], SamplingParams())
         with pytest.raises(ValueError, match="maximum context length is 128"):
             await ae.add_request("r", [2] * 128, SamplingParams())
-        running = await ae.add_request("dup", [2], SamplingParams(max_tokens=50))
-        with pytest.raises(ValueError, match="duplicate request id"):  # refused on the engine thread
+        running = await ae.add_request("dup", [2], SamplingParams(max_tokens=10_000))
+        with pytest.raises(ValueError, match="duplicate request id"):
             await ae.add_request("dup", [2], SamplingParams(max_tokens=1))
         ae.abort("dup")
         [o async for o in running]
@@ -176,10 +175,10 @@ def test_idle_engine_thread_sleeps():
 
 def test_requests_after_shutdown_are_refused():
     async def main():
-        ae = AsyncLLM(make_engine())
+        ae = AsyncLLM.in_process(make_engine())
         ae.start()
-        ae.shutdown()
-        with pytest.raises(EngineDeadError):
+        await ae.shutdown()
+        with pytest.raises(EngineDeadError, match="shutting down"):
             await ae.add_request("r", [2], SamplingParams())
 
     asyncio.run(main())

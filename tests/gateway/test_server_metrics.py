@@ -36,7 +36,7 @@ def scrape(metrics: ServerMetrics) -> dict:
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
             name = re.sub(r',?model_name="m",?', lambda m: "," if m.group().count(",") == 2 else "", name)
-            values[name.replace("{}", "")] = float(value)
+            values[name.replace(',engine="0"', "").replace('engine="0"', "").replace("{}", "")] = float(value)
     return values
 
 
@@ -86,3 +86,23 @@ def test_recorder_snapshot_and_rates():
     rated = with_rates(snap, {**snap, "generation_tokens_total": 0}, 2.0)
     assert rated["generation_tokens_per_s"] == 1.0
     assert with_rates(snap, None, 1.0)["generation_tokens_per_s"] == 0.0
+
+
+def test_engine_label_per_core_and_the_snapshot_sums_them():
+    metrics = ServerMetrics("m", weight_bytes=1, num_engines=2)
+    recorder = MetricsRecorder(metrics)
+    other = EngineState(num_running=1, num_waiting=0, kv_usage=0.5, num_blocks=8, num_free_blocks=4, block_size=4,
+                        num_reserved_unused_slots=0, max_num_seqs=4, num_preemptions_total=1)
+    recorder.start()
+    recorder.submit(EngineEvents(STATE, StepSample(0.01, 7, 2, 5), engine_index=0))
+    recorder.submit(EngineEvents(other, StepSample(0.01, 3, 1, 0), engine_index=1))
+    recorder.stop()  # records what was submitted, then stops
+    text = generate_latest(metrics.registry).decode()
+    assert 'servelab:num_requests_running{engine="0",model_name="m"} 2.0' in text
+    assert 'servelab:num_requests_running{engine="1",model_name="m"} 1.0' in text
+    assert 'servelab:generation_tokens_total{engine="1",model_name="m"} 1.0' in text
+    assert 'servelab:num_preemptions_total{engine="0",model_name="m"} 3.0' in text
+    snap = recorder.snapshot()
+    assert (snap["num_requests_running"], snap["num_requests_waiting"], snap["generation_tokens_total"]) == (3, 1, 3)
+    assert (snap["kv_cache_num_blocks"], snap["kv_cache_num_free_blocks"], snap["kv_cache_usage_perc"]) == (16, 10, 6 / 16)
+    assert snap["max_num_seqs"] == 8 and snap["num_preemptions_total"] == 4

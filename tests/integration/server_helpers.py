@@ -77,6 +77,38 @@ class ServerProcess:
             self._log.close()
 
 
+def children(pid: int) -> list[int]:
+    """Live (not zombie) child processes of pid, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running, not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids: list[int], timeout: float = 15.0) -> list[int]:
+    """The pids still alive after waiting (bounded) for them all to exit."""
+    deadline = time.monotonic() + timeout
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
 def parse_sse(body: str) -> list[str]:
     """Split an SSE body into its data payloads, asserting OpenAI's exact framing."""
     assert body.endswith("\n\n"), body[-200:]
@@ -89,17 +121,26 @@ def parse_sse(body: str) -> list[str]:
 
 
 def metric_values(url: str, headers: dict | None = None) -> dict[str, float]:
-    """Prometheus samples as {'name{label=value,...}': value}, labels sorted, model_name left out."""
+    """Prometheus samples as {'name{label=value,...}': value}, labels sorted, model_name left out. A series
+    with an `engine` label (one per data-parallel engine core) is there as such and also summed over the
+    engines under its name without that label: 'servelab:num_requests_running' is the server's total."""
     from prometheus_client.parser import text_string_to_metric_families
 
     response = httpx.get(f"{url}/metrics", headers=headers or {}, timeout=10)
     response.raise_for_status()
-    values = {}
+    values: dict[str, float] = {}
     for family in text_string_to_metric_families(response.text):
         for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "model_name")
-            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+            labels = sorted((k, v) for k, v in sample.labels.items() if k != "model_name")
+            values[_key(sample.name, labels)] = sample.value
+            if "engine" in sample.labels:
+                total = _key(sample.name, [(k, v) for k, v in labels if k != "engine"])
+                values[total] = values.get(total, 0.0) + sample.value
     return values
+
+
+def _key(name: str, labels: list[tuple[str, str]]) -> str:
+    return f"{name}{{{','.join(f'{k}={v}' for k, v in labels)}}}" if labels else name
 
 
 def wait_for_metrics(url: str, predicate, timeout: float = 15.0, headers: dict | None = None) -> dict[str, float]:

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from server_helpers import TINY_ENGINE_FLAGS, metric_values, parse_sse
+from server_helpers import TINY_ENGINE_FLAGS, children, metric_values, parse_sse, wait_gone
 
 MAX_QUEUED = 2
 
@@ -64,6 +64,8 @@ def test_sigterm_drains_in_flight_requests_then_exits(server):
     deadline = time.monotonic() + 20
     while metric_values(server.url)["servelab:num_requests_running"] < 1 and time.monotonic() < deadline:
         time.sleep(0.02)
+    processes = children(server.proc.pid)
+    assert processes  # the engine core
     server.signal(signal.SIGTERM)
     deadline = time.monotonic() + 10
     refused = None
@@ -79,3 +81,4 @@ def test_sigterm_drains_in_flight_requests_then_exits(server):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert sum(len(c["choices"][0]["text"]) > 0 for c in chunks) >= 1
     assert server.proc.wait(timeout=30) == 0
+    assert wait_gone(processes) == []  # the engine core was told to stop (or killed)

@@ -1,10 +1,14 @@
 """The acceptance run against the default model: 64 concurrent streaming clients complete with
 correct, non-interleaved outputs. (Greedy parity with LLM.generate is checked on the tiny model in
-test_server.py; here a sample of the prompts is re-run as one batched request for reference.)"""
+test_server.py; here a sample of the prompts is re-run as one batched request for reference.) And the
+API server's event loop answers /health while its engine core runs a long prefill in its own process."""
 from __future__ import annotations
 
 import asyncio
 import json
+import statistics
+import threading
+import time
 
 import httpx
 import pytest
@@ -15,38 +19,71 @@ NUM_CLIENTS = 64
 MAX_TOKENS = 12
 # fp32 so batch composition cannot flip a greedy near-tie between the streams and the reference.
 FLAGS = ("--dtype", "float32", "--num-threads", "2", "--kv-cache-memory", "1")
+PREFILL_TOKENS = 500  # one step: under the default --max-num-batched-tokens (1024)
+
+
+@pytest.fixture(scope="module")
+def server(start_server):
+    server = start_server(None, *FLAGS)
+    yield server
+    server.stop()
 
 
 @pytest.mark.slow
-def test_64_concurrent_streams_against_the_default_model(start_server):
-    server = start_server(None, *FLAGS)
+def test_64_concurrent_streams_against_the_default_model(server):
     prompts = [f"The number {i} written in words is" for i in range(NUM_CLIENTS)]
-    try:
-        async def one(http: httpx.AsyncClient, prompt: str):
-            body = {"model": "SmolLM2-135M-Instruct", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-                    "stream": True, "stream_options": {"include_usage": True}}
-            response = await http.post(f"{server.url}/v1/completions", json=body)
-            assert response.status_code == 200, response.text
-            payloads = parse_sse(response.text)
-            assert payloads[-1] == "[DONE]"
-            chunks = [json.loads(p) for p in payloads[:-1]]
-            assert chunks[-1]["choices"] == []
-            text = "".join(c["choices"][0]["text"] for c in chunks[:-1])
-            return {c["id"] for c in chunks}, text, chunks[-1]["usage"]["completion_tokens"]
 
-        async def run_all():
-            async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=NUM_CLIENTS)) as http:
-                return await asyncio.gather(*(one(http, p) for p in prompts))
+    async def one(http: httpx.AsyncClient, prompt: str):
+        body = {"model": "SmolLM2-135M-Instruct", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True}}
+        response = await http.post(f"{server.url}/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        payloads = parse_sse(response.text)
+        assert payloads[-1] == "[DONE]"
+        chunks = [json.loads(p) for p in payloads[:-1]]
+        assert chunks[-1]["choices"] == []
+        text = "".join(c["choices"][0]["text"] for c in chunks[:-1])
+        return {c["id"] for c in chunks}, text, chunks[-1]["usage"]["completion_tokens"]
 
-        results = asyncio.run(run_all())
-        assert all(len(ids) == 1 for ids, _, _ in results)
-        assert len(set().union(*(ids for ids, _, _ in results))) == NUM_CLIENTS
-        assert all(0 < num_tokens <= MAX_TOKENS for _, _, num_tokens in results)
-        assert sum(bool(text) for _, text, _ in results) > NUM_CLIENTS // 2
-        sample = list(range(0, NUM_CLIENTS, 8))
-        reference = httpx.post(f"{server.url}/v1/completions", timeout=300, json={
-            "prompt": [prompts[i] for i in sample], "max_tokens": MAX_TOKENS, "temperature": 0}).json()
-        assert [c["text"] for c in reference["choices"]] == [results[i][1] for i in sample]
-        wait_for_metrics(server.url, lambda v: v["servelab:kv_cache_usage_perc"] == 0)
-    finally:
-        server.stop()
+    async def run_all():
+        async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=NUM_CLIENTS)) as http:
+            return await asyncio.gather(*(one(http, p) for p in prompts))
+
+    results = asyncio.run(run_all())
+    assert all(len(ids) == 1 for ids, _, _ in results)
+    assert len(set().union(*(ids for ids, _, _ in results))) == NUM_CLIENTS
+    assert all(0 < num_tokens <= MAX_TOKENS for _, _, num_tokens in results)
+    assert sum(bool(text) for _, text, _ in results) > NUM_CLIENTS // 2
+    sample = list(range(0, NUM_CLIENTS, 8))
+    reference = httpx.post(f"{server.url}/v1/completions", timeout=300, json={
+        "prompt": [prompts[i] for i in sample], "max_tokens": MAX_TOKENS, "temperature": 0}).json()
+    assert [c["text"] for c in reference["choices"]] == [results[i][1] for i in sample]
+    wait_for_metrics(server.url, lambda v: v["servelab:kv_cache_usage_perc"] == 0)
+
+
+@pytest.mark.slow
+def test_health_answers_while_a_long_prefill_runs(server):
+    """The engine core steps in its own process: the event loop is free during the step. The latencies are
+    printed (pytest -s), not asserted; see measure_health_latency.py for the comparison with a thread."""
+    result = {}
+
+    def prefill():
+        body = {"prompt": [1000 + i % 500 for i in range(PREFILL_TOKENS)], "max_tokens": 1}
+        result["response"] = httpx.post(f"{server.url}/v1/completions", json=body, timeout=600)
+
+    thread = threading.Thread(target=prefill)
+    latencies = []
+    with httpx.Client(timeout=60) as http:
+        thread.start()
+        while thread.is_alive():
+            started = time.perf_counter()
+            assert http.get(f"{server.url}/health").status_code == 200
+            if thread.is_alive():  # answered before the prefill's request ended
+                latencies.append(time.perf_counter() - started)
+            time.sleep(0.01)
+    thread.join()
+    assert result["response"].status_code == 200
+    assert result["response"].json()["usage"]["prompt_tokens"] == PREFILL_TOKENS
+    assert latencies
+    print(f"/health during a {PREFILL_TOKENS}-token prefill: {len(latencies)} answers, median "
+          f"{statistics.median(latencies) * 1e3:.1f} ms, max {max(latencies) * 1e3:.1f} ms")

@@ -1,6 +1,7 @@
-"""LLMEngine: input processor + engine core + output processor. Synchronous; the gateway drives it from
-a background thread, the offline LLM class from a loop. Requests come in preprocessed (EngineCoreRequest)
-and state goes out as values (get_state), so nothing outside reaches into the scheduler or the KV cache."""
+"""LLMEngine: input processor + engine core + output processor. Synchronous; the gateway drives it through
+an EngineLoop (engine/core_loop.py) in an engine-core process or a thread, the offline LLM class from a
+loop. Requests come in preprocessed (EngineCoreRequest) and state goes out as values (get_state), so
+nothing outside reaches into the scheduler or the KV cache."""
 from __future__ import annotations
 
 import itertools

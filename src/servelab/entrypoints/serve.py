@@ -3,12 +3,19 @@ Imports nothing heavy until the command runs, so `servelab --help` stays fast.""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servelab.gateway.config import DEFAULT_SERVED_MODEL_NAME, ServerConfig
+
+if TYPE_CHECKING:
+    from servelab.engine.core_client import EngineCoreClient
+    from servelab.engine_args import EngineArgs
+    from servelab.model.tokenizer import Tokenizer
 
 logger = logging.getLogger("servelab.gateway")
 
@@ -21,6 +28,7 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                        help="Hugging Face model folder or .gguf file (default: SmolLM2-135M-Instruct)")
     EngineArgs.add_cli_args(serve)
+    EngineArgs.add_process_cli_args(serve)
     g = serve.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to listen on")
     g.add_argument("--port", type=int, default=8000, help="port to listen on (0 = any free port)")
@@ -85,15 +93,45 @@ def run_serve(args: argparse.Namespace) -> int:
     # machine, one queued-up stream decoded at 23.5 ms per token with spinning and 17.5 ms without
     # (large batches lose ~5%). The user's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    engine_args = EngineArgs.from_cli_args(args)
+    if engine_args.data_parallel_size < 1:
+        raise ValueError(f"--data-parallel-size must be >= 1, got {engine_args.data_parallel_size}")
+    if engine_args.engine_in_process and engine_args.data_parallel_size > 1:
+        raise ValueError("--engine-in-process runs one engine: it cannot be combined with --data-parallel-size > 1")
     logger.info("loading %s", model or DEFAULT_SERVED_MODEL_NAME)
-    from servelab.engine.llm_engine import LLMEngine
+    cores, tokenizer = _start_engine_cores(engine_args, args.log_level)
+    try:
+        from servelab.gateway.server import serve
+        from servelab.lab.web.routes import build_lab_router
 
-    engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
-    from servelab.gateway.server import serve
-    from servelab.lab.web.routes import build_lab_router
+        # The lab page and its API never touch the model: outside /v1, so no API key (like /health).
+        lab = build_lab_router(live_engine={"metrics_stream": "/v1/metrics/stream",
+                                            "needs_api_key": config.protect_metrics and bool(config.api_keys)})
+        return serve(cores, tokenizer, config, model_path=model, log_level=args.log_level, routers=(lab,))
+    finally:
+        for core in cores:  # engine-core processes are never left behind, however serving ended
+            core.close()
 
-    # The lab page and its API never touch the model: outside /v1, so no API key (like /health).
-    lab = build_lab_router(live_engine={"metrics_stream": "/v1/metrics/stream",
-                                        "needs_api_key": config.protect_metrics and bool(config.api_keys)})
-    serve(engine, config, model_path=model, log_level=args.log_level, routers=(lab,))
-    return 0
+
+def _start_engine_cores(engine_args: EngineArgs, log_level: str) -> tuple[list[EngineCoreClient], Tokenizer]:
+    """The engine cores (processes, or one in this process) and the tokenizer the API server uses."""
+    if engine_args.engine_in_process:
+        from servelab.engine.core_client import InprocClient
+        from servelab.engine.llm_engine import LLMEngine
+
+        engine = LLMEngine.from_engine_args(engine_args)
+        return [InprocClient(engine)], engine.tokenizer
+    from servelab.engine.mp_client import launch_engine_cores
+    from servelab.engine.core_process import EngineFactory, engine_from_args
+    from servelab.model.loader import resolve_model_path
+    from servelab.model.tokenizer import Tokenizer
+
+    dp = engine_args.data_parallel_size
+    if dp > 1 and engine_args.num_threads is None:
+        # replicas share the machine's cores instead of each taking all of them
+        engine_args = dataclasses.replace(engine_args, num_threads=max(1, (os.cpu_count() or 1) // dp))
+    folder = resolve_model_path(engine_args.model)  # converts a GGUF once, here, before the cores read it
+    tokenizer = Tokenizer.from_pretrained(folder)
+    cores = launch_engine_cores(EngineFactory(engine_from_args, (engine_args,)), dp, log_level)
+    logger.info("engine cores ready: pids %s", ", ".join(str(core.pid) for core in cores))
+    return cores, tokenizer

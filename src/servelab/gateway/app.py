@@ -21,13 +21,14 @@ from servelab.gateway.admission import AdmissionControl
 from servelab.gateway.async_llm import AsyncLLM
 from servelab.gateway.auth import ApiKeyAuth
 from servelab.gateway.config import ServerConfig
-from servelab.gateway.errors import (OpenAIError, RequestBodyTooLarge, internal_error, request_too_large,
-                                     shutting_down, unauthorized)
+from servelab.gateway.errors import (OpenAIError, RequestBodyTooLarge, engine_unavailable, internal_error,
+                                     request_too_large, shutting_down, unauthorized)
 from servelab.gateway.serving import OpenAIServing
 from servelab.gateway.sse import SSEResponse, sse_event
-from servelab.engine.llm_engine import LLMEngine
+from servelab.engine.core_client import EngineCoreClient
 from servelab.metrics.recorder import MetricsRecorder, with_rates
 from servelab.metrics.server_metrics import ServerMetrics
+from servelab.model.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 request_logger = logging.getLogger("servelab.requests")
@@ -38,13 +39,17 @@ MAX_REQUEST_ID_LEN = 128
 
 
 class Gateway:
-    def __init__(self, engine: LLMEngine, config: ServerConfig, model_path: str | None = None) -> None:
+    """cores: started engine cores (their limits known); tokenizer: the model's, for the input processor."""
+
+    def __init__(self, cores: list[EngineCoreClient], tokenizer: Tokenizer, config: ServerConfig,
+                 model_path: str | None = None) -> None:
         self.config = config
-        self.llm_engine = engine
         self.model_path = model_path
-        self.metrics = ServerMetrics(config.model_name, engine.executor.weight_bytes, engine.max_model_len)
+        info = cores[0].info
+        self.metrics = ServerMetrics(config.model_name, info.weight_bytes,
+                                     min(c.info.limits.max_model_len for c in cores), num_engines=len(cores))
         self.recorder = MetricsRecorder(self.metrics)
-        self.engine = AsyncLLM(engine, on_events=self.recorder.submit)
+        self.engine = AsyncLLM(cores, tokenizer, on_events=self.recorder.submit)
         self.admission = AdmissionControl(config.max_num_queued_requests, config.max_queued_tokens,
                                           on_reject=self.metrics.record_rejected)
         self.auth = ApiKeyAuth(config.api_keys)
@@ -58,8 +63,19 @@ class Gateway:
 
     async def stop(self) -> None:
         self.closing = True
-        await asyncio.to_thread(self.engine.shutdown)
+        await self.engine.shutdown()
         self.recorder.stop()
+
+    async def wait_engine_dead(self) -> None:
+        """Returns --shutdown-grace seconds after an engine core died. Meanwhile what was in flight has
+        ended with `engine_dead`, /health and new requests get 503, and an orchestrator probing /health
+        sees it; then the server should exit non-zero so that it is restarted."""
+        await self.engine.dead.wait()
+        logger.error("%s: answering 503 for %.1f s (--shutdown-grace), then exiting with status 1",
+                     self.engine.dead_error, self.config.shutdown_grace)
+        await asyncio.sleep(self.config.shutdown_grace)
+        await self.admission.wait_idle(5.0)
+        self.closing = True
 
     async def drain(self, grace_s: float) -> None:
         """Stop admitting (new requests get 503), let in-flight ones finish for up to grace_s, then fail
@@ -78,7 +94,8 @@ class Gateway:
         snap.update(time=time.time(), uptime_s=time.time() - self.started_at,
                     num_requests_queued=self.admission.num_queued, num_queued_tokens=self.admission.num_queued_tokens,
                     num_requests_in_flight=self.admission.num_in_flight, draining=self.admission.draining,
-                    weight_bytes=self.llm_engine.executor.weight_bytes, max_model_len=self.llm_engine.max_model_len)
+                    weight_bytes=self.engine.weight_bytes, max_model_len=self.engine.max_model_len,
+                    num_engines=self.engine.num_engines)
         return snap
 
 
@@ -197,7 +214,7 @@ def build_app(gateway: Gateway, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
         created = int(gateway.started_at)
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": created, "owned_by": "servelab",
-             "root": gateway.model_path or config.model_name, "max_model_len": gateway.llm_engine.max_model_len}
+             "root": gateway.model_path or config.model_name, "max_model_len": gateway.engine.max_model_len}
             for name in config.served_model_names]}
 
     @app.get("/health")
@@ -205,7 +222,7 @@ def build_app(gateway: Gateway, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
         if gateway.admission.draining:
             return _error_response(shutting_down())
         if not gateway.engine.is_running:
-            return JSONResponse({"status": "engine not running"}, status_code=503)
+            return _error_response(engine_unavailable(gateway.engine.not_running_reason))
         return Response(status_code=200)
 
     @app.get("/metrics")

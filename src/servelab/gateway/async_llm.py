@@ -1,111 +1,134 @@
-"""AsyncLLM: an LLMEngine stepped by one background thread, bridged to asyncio.
+"""AsyncLLM: the API server's side of one or more engine cores (data-parallel replicas).
 
-Requests are tokenized and validated on the event loop by the input processor; what crosses to the
-engine thread is the resulting EngineCoreRequest. The engine thread is the only writer of engine state.
-Adds and aborts from the event loop go into an inbox that the thread drains between steps; when nothing
-is queued or running it sleeps on a condition (no busy spin). Outputs go back through one
-`loop.call_soon_threadsafe` per step to each request's RequestStream. Metrics leave as plain-number
-EngineEvents through `on_events`.
+Requests are tokenized and validated on the event loop by the input processor (with the limits each core
+announced when it started); what goes to a core is the resulting EngineCoreRequest, sent to the least
+loaded core through its client (core_client.py: its own process, or a thread with --engine-in-process).
+One asyncio task per core awaits its EngineStepOutputs and dispatches them on the event loop to each
+request's RequestStream; metrics leave as plain-number EngineEvents through `on_events`.
 
-Cancellation contract: `abort(request_id)` takes effect before the engine's next step, and the
-request's KV blocks are back in the pool when it returns to the thread's loop. A step that raises
-aborts every request in the engine and fails each with EngineStepError; the server keeps serving.
+Cancellation contract: `abort(request_id)` takes effect before the core's next step, and the request's
+KV blocks are back in the pool when its final ("abort") output is delivered. A step that raises fails
+every request of that core with EngineStepError; the core keeps serving. A core that dies (crash,
+kill -9, OOM) fails every request in flight with EngineDeadError and refuses new ones; `dead` is set so
+the server can exit and be restarted.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-import time
-from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Sequence
 
-from servelab.core.messages import EngineCoreRequest
-from servelab.engine.input_processor import PromptType
-from servelab.engine.llm_engine import LLMEngine
+from servelab.core.messages import EngineCoreRequest, EngineLimits
+from servelab.engine.core_client import EngineCoreClient, EngineDeadError, EngineStepError
+from servelab.engine.core_protocol import EngineStepOutputs
+from servelab.engine.input_processor import InputProcessor, PromptType
+from servelab.gateway.engine_loads import EngineLoads
 from servelab.gateway.request_stream import RequestStream
-from servelab.metrics.events import EngineEvents, FinishedRequest, StepSample
-from servelab.metrics.request_stats import RequestTiming
+from servelab.metrics.events import EngineEvents
+from servelab.model.tokenizer import Tokenizer
 from servelab.outputs import RequestOutput
 from servelab.sampling_params import SamplingParams
 
+__all__ = ["AsyncLLM", "EngineDeadError", "EngineStepError"]
+
 logger = logging.getLogger(__name__)
-
-
-class EngineStepError(RuntimeError):
-    """An engine step raised; the requests in the engine were aborted."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine thread has stopped; no request can be served."""
-
-
-@dataclass
-class _AddRequest:
-    request: EngineCoreRequest
-    stream: RequestStream
-
-
-@dataclass
-class _AbortRequest:
-    request_id: str
-    # delivered to the stream instead of the "abort" snapshot (shutdown, a gateway-side failure)
-    error: BaseException | None = None
-
-
-@dataclass
-class _AbortAll:
-    error: BaseException
 
 
 @dataclass
 class _Tracked:
     stream: RequestStream
-    # per completion: the time each output token left the engine (end of its step)
-    token_times: list[list[float]] = field(default_factory=list)
+    engine_index: int
+    num_requests: int  # engine-core requests (n samples)
+    accepted: bool = False
+    # delivered instead of the final "abort" snapshot (shutdown, a gateway-side failure)
+    abort_error: BaseException | None = None
 
 
 class AsyncLLM:
-    def __init__(self, engine: LLMEngine, on_events: Callable[[EngineEvents], None] | None = None) -> None:
-        self.engine = engine
-        self.input_processor = engine.input_processor
+    def __init__(self, cores: Sequence[EngineCoreClient], tokenizer: Tokenizer,
+                 on_events: Callable[[EngineEvents], None] | None = None) -> None:
+        self.cores = list(cores)
+        infos = [core.info for core in self.cores]
+        # every core must be able to run any request, so validate against the smallest
+        self.limits = EngineLimits(*(min(getattr(i.limits, f) for i in infos)
+                                     for f in ("max_model_len", "vocab_size", "num_blocks", "block_size")))
+        self.input_processor = InputProcessor(tokenizer, self.limits, infos[0].eos_token_ids)
+        self.weight_bytes = infos[0].weight_bytes
         self._on_events = on_events
-        self._cond = threading.Condition()
-        self._inbox: list[_AddRequest | _AbortRequest | _AbortAll] = []
-        self._stopping = False
-        self._closed = False  # the thread has exited: nothing posted will be handled
-        self._tracked: dict[str, _Tracked] = {}  # engine thread only
-        self._last_stats = None
+        self._loads = EngineLoads(len(self.cores))
+        self._tracked: dict[str, _Tracked] = {}
+        self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self.dead_error: BaseException | None = None
+        self._closed = False
+        self.dead_error: EngineDeadError | None = None
+        self.dead = asyncio.Event()  # set once a core died
+
+    @classmethod
+    def in_process(cls, engine, on_events: Callable[[EngineEvents], None] | None = None) -> "AsyncLLM":
+        """One LLMEngine stepped by a thread of this process (tests, --engine-in-process)."""
+        from servelab.engine.core_client import InprocClient
+
+        return cls([InprocClient(engine)], engine.tokenizer, on_events)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.limits.max_model_len
+
+    @property
+    def num_engines(self) -> int:
+        return len(self.cores)
 
     # ---- lifecycle (event loop)
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="servelab-engine", daemon=True)
-        self._thread.start()
+        for index, core in enumerate(self.cores):
+            core.start()
+            self._tasks.append(asyncio.create_task(self._receive(index, core), name=f"servelab-engine-{index}"))
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Fail whatever is left, stop the thread and wait for it (blocking, bounded)."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        """Fail whatever is left, stop the output tasks, then stop every core (bounded; killed if needed)."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._fail_all(EngineDeadError("the server is shutting down"))
+        await asyncio.gather(*(core.shutdown(timeout) for core in self.cores))
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.dead_error is None
+        return self._loop is not None and not self._closed and self.dead_error is None
+
+    @property
+    def not_running_reason(self) -> str:
+        if self.dead_error is not None:
+            return str(self.dead_error)
+        return "the server is shutting down" if self._closed else "the engine is not started"
 
     # ---- requests (event loop)
     def submit(self, request: EngineCoreRequest) -> RequestStream:
-        """Hand a processed request to the engine thread. Await `stream.accepted` before iterating: it
-        raises EngineDeadError when the engine is gone, ValueError when the engine refuses the request (a
+        """Hand a processed request to the least loaded core. Await `stream.accepted` before iterating: it
+        raises EngineDeadError when the engine is gone, ValueError when the request is refused (a
         duplicate id)."""
-        stream = RequestStream(request.request_id, self._loop)
-        if self._thread is None or not self._post(_AddRequest(request, stream)):
-            stream.on_error(EngineDeadError(str(self.dead_error or "the engine thread is not running")))
+        stream = RequestStream(request.request_id, self._loop or asyncio.get_running_loop())
+        if not self.is_running:
+            stream.on_error(EngineDeadError(self.not_running_reason))
+            return stream
+        if request.request_id in self._tracked:
+            stream.on_error(ValueError(f"duplicate request id {request.request_id!r}"))
+            return stream
+        index = self._loads.pick()
+        num_requests = request.sampling_params.n
+        try:
+            self.cores[index].add_request(request)
+        except EngineDeadError as exc:
+            stream.on_error(exc)
+            return stream
+        self._tracked[request.request_id] = _Tracked(stream, index, num_requests)
+        self._loads.sent(index, num_requests)
         return stream
 
     async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
@@ -130,171 +153,77 @@ class AsyncLLM:
                 self.abort(request_id)
 
     def abort(self, request_id: str, error: BaseException | None = None) -> None:
-        """Thread-safe. With `error`, the request's stream raises it instead of ending with "abort"."""
-        self._post(_AbortRequest(request_id, error))
+        """With `error`, the request's stream raises it instead of ending with "abort"."""
+        self.abort_many([request_id], error)
 
     def abort_all(self, error: BaseException) -> None:
-        self._post(_AbortAll(error))
+        self.abort_many(list(self._tracked), error)
 
-    def _post(self, message) -> bool:
-        with self._cond:
-            if self._closed:
-                return False
-            self._inbox.append(message)
-            self._cond.notify()
-            return True
+    def abort_many(self, request_ids: list[str], error: BaseException | None = None) -> None:
+        by_engine: dict[int, list[str]] = defaultdict(list)
+        for request_id in request_ids:
+            tracked = self._tracked.get(request_id)
+            if tracked is None:  # finished, failed, or never submitted
+                continue
+            if error is not None:
+                tracked.abort_error = error
+            by_engine[tracked.engine_index].append(request_id)
+        for index, ids in by_engine.items():
+            self.cores[index].abort_requests(ids)
 
-    # ---- the engine thread
-    def _run(self) -> None:
-        engine = self.engine
+    # ---- outputs (one task per core)
+    async def _receive(self, index: int, core: EngineCoreClient) -> None:
         try:
             while True:
-                with self._cond:
-                    while not self._inbox and not self._stopping and not engine.has_unfinished_requests():
-                        self._cond.wait()
-                    inbox, self._inbox = self._inbox, []
-                    stopping = self._stopping
-                calls: list[tuple] = []
-                finished: list[FinishedRequest] = []
-                for message in inbox:
-                    self._handle(message, calls, finished)
-                if stopping:
-                    error = EngineDeadError("the server is shutting down")
-                    self._abort_everything(error, calls, finished)
-                    self._close_inbox(error, calls)
-                    self._flush(calls, None, finished)
-                    return
-                step = None
-                if engine.has_unfinished_requests():
-                    try:
-                        outputs = engine.step()
-                    except Exception as exc:
-                        logger.exception("engine step failed; aborting %d requests", len(self._tracked))
-                        self._recover(exc, calls, finished)
-                    else:
-                        step = self._collect(outputs, calls, finished)
-                self._flush(calls, step, finished)
-        except BaseException as exc:  # the loop itself broke: fail everyone, refuse new work
-            logger.exception("engine thread died")
-            self.dead_error = exc
-            error = EngineDeadError(f"the engine thread died: {exc}")
-            calls = [(t.stream.on_error, error) for t in self._tracked.values()]
-            self._tracked.clear()
-            self._close_inbox(error, calls)
-            self._call_soon(calls)
+                self._dispatch(await core.get_output())
+        except EngineDeadError as exc:
+            self._on_dead(index, exc)
+        except Exception as exc:  # a bug on this side: as fatal as a dead core, and said so
+            logger.exception("receiving from engine core %d failed", index)
+            self._on_dead(index, EngineDeadError(f"receiving from engine core {index} failed: {exc}"))
 
-    def _close_inbox(self, error: BaseException, calls: list) -> None:
-        """Refuse further posts and fail the adds that came in too late."""
-        with self._cond:
-            self._closed = True
-            late, self._inbox = self._inbox, []
-        calls.extend((m.stream.on_error, error) for m in late if isinstance(m, _AddRequest))
-
-    def _handle(self, message, calls: list, finished: list[FinishedRequest]) -> None:
-        engine = self.engine
-        if isinstance(message, _AddRequest):
-            stream, request = message.stream, message.request
-            try:
-                engine.add_request(request)
-            except ValueError as exc:
-                calls.append((stream.on_error, exc))
-                return
-            except Exception as exc:
-                logger.exception("adding request %s failed", request.request_id)
-                calls.append((stream.on_error, EngineStepError(f"the engine could not take the request: {exc}")))
-                return
-            self._tracked[request.request_id] = _Tracked(stream, [[] for _ in range(request.sampling_params.n)])
-            calls.append((stream.on_accepted,))
-        elif isinstance(message, _AbortRequest):
-            self._abort(message.request_id, message.error, calls, finished)
-        elif isinstance(message, _AbortAll):
-            self._abort_everything(message.error, calls, finished)
-
-    def _abort(self, request_id: str, error: BaseException | None, calls: list,
-               finished: list[FinishedRequest]) -> None:
-        tracked = self._tracked.pop(request_id, None)
-        if tracked is None:  # finished already, or never accepted
-            return
-        outputs = self.engine.abort_request(request_id)
-        if error is not None:
-            calls.append((tracked.stream.on_error, error))
-        else:
-            calls.extend((tracked.stream.on_output, out, None) for out in outputs)
-        finished.append(self._finished_record(request_id, tracked, outputs[-1] if outputs else None, "abort"))
-
-    def _abort_everything(self, error: BaseException, calls: list, finished: list[FinishedRequest]) -> None:
-        for request_id in list(self._tracked):
-            self._abort(request_id, error, calls, finished)
-
-    def _recover(self, exc: Exception, calls: list, finished: list[FinishedRequest]) -> None:
-        """A step raised: every request in the engine is affected (the batch is shared)."""
-        error = EngineStepError(f"the engine step failed: {type(exc).__name__}: {exc}")
-        for request_id, tracked in list(self._tracked.items()):
-            self._tracked.pop(request_id)
-            self.engine.abort_request(request_id)
-            calls.append((tracked.stream.on_error, error))
-            finished.append(self._finished_record(request_id, tracked, None, "error"))
-        if self.engine.has_unfinished_requests():
-            raise RuntimeError("requests the gateway does not know of are left in the engine") from exc
-        self.engine.check_invariants()
-
-    def _collect(self, outputs: list[RequestOutput], calls: list, finished: list[FinishedRequest]) -> StepSample | None:
-        now = time.perf_counter()
-        num_generated = num_prompt = 0
-        for out in outputs:
-            tracked = self._tracked.get(out.request_id)
-            if tracked is None:
+    def _dispatch(self, out: EngineStepOutputs) -> None:
+        index, tracked = out.engine_index, self._tracked
+        for request_id in out.accepted:
+            t = tracked.get(request_id)
+            if t is not None:
+                t.accepted = True
+                self._loads.answered(index, t.num_requests)
+                t.stream.on_accepted()
+        for error in out.errors:
+            t = tracked.pop(error.request_id, None)
+            if t is None:
                 continue
-            got_token = False
-            for completion in out.outputs:
-                times = tracked.token_times[completion.index]
-                num_new = len(completion.token_ids) - len(times)
-                if num_new > 0:
-                    if not times:
-                        num_prompt += len(out.prompt_token_ids)
-                    times.extend([now] * num_new)
-                    num_generated += num_new
-                    got_token = True
-            calls.append((tracked.stream.on_output, out, now if got_token else None))
-            if out.finished:
-                del self._tracked[out.request_id]
-                finished.append(self._finished_record(out.request_id, tracked, out, None))
-        stats = self.engine.last_step_stats
-        if stats is None or stats is self._last_stats:
-            return None
-        self._last_stats = stats
-        return StepSample(stats.duration, stats.num_scheduled_tokens, num_generated, num_prompt)
-
-    @staticmethod
-    def _finished_record(request_id: str, tracked: _Tracked, out: RequestOutput | None,
-                         reason: str | None) -> FinishedRequest:
-        n = len(tracked.token_times)
-        if out is None:
-            return FinishedRequest(request_id, [reason or "abort"] * n)
-        timings = []
-        for completion in out.outputs:
-            times = tracked.token_times[completion.index]
-            if times:
-                timings.append(RequestTiming(len(out.prompt_token_ids), len(completion.token_ids),
-                                             out.metrics.arrival_time, times[0], times[-1], times,
-                                             out.metrics.first_scheduled_time))
-        reasons = [reason or completion.finish_reason or "abort" for completion in out.outputs]
-        return FinishedRequest(request_id, reasons, timings)
-
-    def _flush(self, calls: list, step: StepSample | None, finished: list[FinishedRequest]) -> None:
-        self._call_soon(calls)
+            if not t.accepted:
+                self._loads.answered(index, t.num_requests)
+            t.stream.on_error(ValueError(error.message) if error.invalid else EngineStepError(error.message))
+        for output in out.outputs:
+            t = tracked.get(output.request_id)
+            if t is None:
+                continue
+            if output.finished:
+                del tracked[output.request_id]
+                if t.abort_error is not None and any(c.finish_reason == "abort" for c in output.outputs):
+                    t.stream.on_error(t.abort_error)
+                    continue
+            has_tokens = any(c.token_ids for c in output.outputs)
+            t.stream.on_output(output, out.output_time if has_tokens else None)
+        self._loads.report(index, out.state)
         if self._on_events is not None:
-            self._on_events(EngineEvents(self.engine.get_state(), step, finished))
+            self._on_events(EngineEvents(out.state, out.step, out.finished, engine_index=index))
 
-    def _call_soon(self, calls: list) -> None:
-        if not calls or self._loop is None:
+    def _on_dead(self, index: int, error: EngineDeadError) -> None:
+        if self._closed:  # stopping on purpose
             return
-        try:
-            self._loop.call_soon_threadsafe(_run_calls, calls)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
+        logger.error("%s; failing %d requests in flight", error, len(self._tracked))
+        if self.dead_error is None:
+            self.dead_error = error
+        survivors = [i for i, task in enumerate(self._tasks) if i != index and not task.done()]
+        self.abort_many([r for r, t in self._tracked.items() if t.engine_index in survivors])
+        self._fail_all(EngineDeadError(str(error)))
+        self.dead.set()
 
-
-def _run_calls(calls: list) -> None:
-    for fn, *args in calls:
-        fn(*args)
+    def _fail_all(self, error: BaseException) -> None:
+        tracked, self._tracked = self._tracked, {}
+        for t in tracked.values():
+            t.stream.on_error(error)

@@ -1,7 +1,9 @@
 """Run the gateway under uvicorn with a draining shutdown.
 
 The first SIGTERM (or Ctrl+C) drains: new requests get 503, in-flight ones finish for up to
---shutdown-grace seconds, then the process exits 0. A second signal exits at once.
+--shutdown-grace seconds, then the engine cores are stopped and the process exits 0. A second signal
+exits at once. When an engine core dies, the server answers 503 (`engine_dead`) for --shutdown-grace
+seconds and then exits 1, so that whatever supervises it restarts it.
 """
 from __future__ import annotations
 
@@ -12,18 +14,23 @@ import prometheus_client
 import uvicorn
 from fastapi import APIRouter
 
+from servelab.engine.core_client import EngineCoreClient
 from servelab.gateway.app import Gateway, build_app
 from servelab.gateway.config import ServerConfig
-from servelab.engine.llm_engine import LLMEngine
+from servelab.model.tokenizer import Tokenizer
 
 
-def serve(engine: LLMEngine, config: ServerConfig, model_path: str | None = None, log_level: str = "info",
-          routers: tuple[APIRouter, ...] = ()) -> None:
+def serve(cores: list[EngineCoreClient], tokenizer: Tokenizer, config: ServerConfig, model_path: str | None = None,
+          log_level: str = "info", routers: tuple[APIRouter, ...] = ()) -> int:
+    """Serve until stopped; the exit status (1 after an engine core died). The cores are stopped on the
+    way out (the lifespan does it, and runs on a failed start too)."""
     prometheus_client.disable_created_metrics()  # as vLLM does: no *_created series next to each metric
-    gateway = Gateway(engine, config, model_path)
+    gateway = Gateway(cores, tokenizer, config, model_path)
     uv_config = uvicorn.Config(build_app(gateway, routers), host=config.host, port=config.port, log_level=log_level,
                                access_log=False, timeout_graceful_shutdown=5, lifespan="on")
-    DrainingServer(uv_config, gateway).run()
+    server = DrainingServer(uv_config, gateway)
+    server.run()
+    return server.exit_code
 
 
 class DrainingServer(uvicorn.Server):
@@ -34,12 +41,21 @@ class DrainingServer(uvicorn.Server):
         self.gateway = gateway
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
+        self._watch_task: asyncio.Task | None = None
+        self.exit_code = 0
 
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
         if self.started:
+            self._watch_task = asyncio.ensure_future(self._exit_when_engine_dead())
             print_banner(self.gateway.config, self.bound_port())
+
+    async def _exit_when_engine_dead(self) -> None:
+        await self.gateway.wait_engine_dead()
+        print("servelab: an engine core died; exiting with status 1", file=sys.stderr, flush=True)
+        self.exit_code = 1
+        self.should_exit = True
 
     def bound_port(self) -> int:
         for server in getattr(self, "servers", []):

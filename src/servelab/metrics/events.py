@@ -1,4 +1,4 @@
-"""What the engine thread hands to the metrics recorder after each loop iteration: plain numbers,
+"""What each engine core hands to the metrics recorder after each loop iteration: plain numbers,
 built without touching Prometheus so the engine's hot path stays free of metric bookkeeping."""
 from __future__ import annotations
 
@@ -39,7 +39,9 @@ class FinishedRequest:
 
 @dataclass(frozen=True)
 class EngineEvents:
-    """One engine loop iteration: the state after it, the step it ran (if any), who finished."""
+    """One engine loop iteration of one engine core: the state after it, the step it ran (if any), who
+    finished."""
     state: EngineState
     step: StepSample | None = None
     finished: list[FinishedRequest] = field(default_factory=list)
+    engine_index: int = 0

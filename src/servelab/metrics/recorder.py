@@ -1,4 +1,4 @@
-"""The metrics recorder thread: takes EngineEvents from the engine thread through a queue and
+"""The metrics recorder thread: takes EngineEvents from the engine cores' output tasks through a queue and
 updates Prometheus and the live snapshot, so no metric bookkeeping happens inside an engine step."""
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class MetricsRecorder:
         self.metrics = metrics
         self._events: queue.SimpleQueue[EngineEvents | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._state: EngineState | None = None
+        self._states: dict[int, EngineState] = {}  # per engine core
         self._totals = {"prompt_tokens_total": 0, "generation_tokens_total": 0, "requests_finished_total": 0,
                         "num_steps_total": 0}
         self._finish_reasons: collections.Counter[str] = collections.Counter()
@@ -54,14 +54,14 @@ class MetricsRecorder:
 
     def _record(self, events: EngineEvents) -> None:
         m = self.metrics
-        m.record_state(events.state)
+        m.record_state(events.state, events.engine_index)
         if events.step is not None:
-            m.record_step(events.step)
+            m.record_step(events.step, events.engine_index)
         for request in events.finished:
             m.record_finished(request)
         now = time.monotonic()
         with self._lock:
-            self._state = events.state
+            self._states[events.engine_index] = events.state
             if events.step is not None:
                 self._totals["num_steps_total"] += 1
                 self._totals["prompt_tokens_total"] += events.step.num_prompt_tokens
@@ -75,7 +75,7 @@ class MetricsRecorder:
         """The live meters as plain JSON-able numbers (the /v1/metrics/stream payload, less rates)."""
         now = time.monotonic()
         with self._lock:
-            state = self._state
+            state = _total(list(self._states.values()))
             totals = dict(self._totals)
             reasons = dict(self._finish_reasons)
             while self._recent and now - self._recent[0][0] > RECENT_WINDOW_S:
@@ -98,6 +98,18 @@ class MetricsRecorder:
         snap["recent"] = {"window_s": RECENT_WINDOW_S, "completed": summary["completed"],
                           **{k: v for k, v in summary.items() if k.endswith("_ms")}}
         return snap
+
+
+def _total(states: list[EngineState]) -> EngineState | None:
+    """The data-parallel cores as one engine: counts and blocks add up, usage is over the pooled blocks."""
+    if len(states) <= 1:
+        return states[0] if states else None
+    num_blocks = sum(s.num_blocks for s in states)
+    num_free_blocks = sum(s.num_free_blocks for s in states)
+    return EngineState(sum(s.num_running for s in states), sum(s.num_waiting for s in states),
+                       (num_blocks - num_free_blocks) / num_blocks, num_blocks, num_free_blocks, states[0].block_size,
+                       sum(s.num_reserved_unused_slots for s in states), sum(s.max_num_seqs for s in states),
+                       sum(s.num_preemptions_total for s in states))
 
 
 def with_rates(current: dict, previous: dict | None, interval_s: float) -> dict:

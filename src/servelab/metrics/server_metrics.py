@@ -42,13 +42,16 @@ def weight_bytes_by_device(weight_bytes: int | Sequence[int], device: str) -> di
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str, weight_bytes: int | Sequence[int], max_model_len: int = 8192,
-                 device: str = "cpu", registry: CollectorRegistry | None = None) -> None:
-        """weight_bytes: the executor's weight_bytes_per_rank (or one total)."""
+    """The engine's own series (its gauges, the token and preemption counters, tokens per step) carry an
+    `engine` label, the data-parallel core's index, as vLLM's do: sum over it for the server's totals."""
+
+    def __init__(self, model_name: str, weight_bytes: int | Sequence[int], max_model_len: int = 8192, device: str = "cpu",
+                 registry: CollectorRegistry | None = None, num_engines: int = 1) -> None:
         self.registry = registry or CollectorRegistry()
         self.model_name = model_name
         labels = ["model_name"]
         r = self.registry
+        engine = ("engine",)
 
         def gauge(name, doc, extra=()):
             return Gauge(PREFIX + name, doc, labels + list(extra), registry=r)
@@ -56,16 +59,18 @@ class ServerMetrics:
         def counter(name, doc, extra=()):
             return Counter(PREFIX + name, doc, labels + list(extra), registry=r)
 
-        def histogram(name, doc, buckets):
-            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=r)
+        def histogram(name, doc, buckets, extra=()):
+            return Histogram(PREFIX + name, doc, labels + list(extra), buckets=buckets, registry=r)
 
         # ---- vLLM's names
-        self.num_requests_running = gauge("num_requests_running", "Number of requests in model execution batches.")
-        self.num_requests_waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.")
-        self.kv_cache_usage_perc = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.num_preemptions = counter("num_preemptions", "Cumulative number of preemptions from the engine.")
-        self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.")
+        self.num_requests_running = gauge("num_requests_running", "Number of requests in model execution batches.",
+                                          engine)
+        self.num_requests_waiting = gauge("num_requests_waiting", "Number of requests waiting to be processed.",
+                                          engine)
+        self.kv_cache_usage_perc = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", engine)
+        self.num_preemptions = counter("num_preemptions", "Cumulative number of preemptions from the engine.", engine)
+        self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.", engine)
+        self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.", engine)
         self.request_success = counter("request_success", "Count of successfully processed requests.",
                                        ["finished_reason"])
         self.time_to_first_token = histogram("time_to_first_token_seconds",
@@ -97,17 +102,18 @@ class ServerMetrics:
                                                    "Number of generation tokens processed.",
                                                    token_buckets(max_model_len))
         self.iteration_tokens = histogram("iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-                                          ITERATION_TOKEN_BUCKETS)
+                                          ITERATION_TOKEN_BUCKETS, engine)
         # ---- servelab's own meters
         self.batch_slot_saturation = gauge("batch_slot_saturation",
-                                           "Running requests over max_num_seqs (1 = every batch slot taken).")
+                                           "Running requests over max_num_seqs (1 = every batch slot taken).", engine)
         self.kv_cache_reserved_unused_slots = gauge(
             "kv_cache_reserved_unused_slots",
-            "Token slots held in KV blocks but not filled (the waste of contiguous reservation, static stages).")
+            "Token slots held in KV blocks but not filled (the waste of contiguous reservation, static stages).",
+            engine)
         self.kv_cache_reserved_unused_perc = gauge("kv_cache_reserved_unused_perc",
-                                                   "Reserved-but-unused token slots over the whole KV pool.")
-        self.kv_cache_num_blocks = gauge("kv_cache_num_blocks", "KV cache pool size in blocks.")
-        self.kv_cache_num_free_blocks = gauge("kv_cache_num_free_blocks", "Free KV cache blocks.")
+                                                   "Reserved-but-unused token slots over the whole KV pool.", engine)
+        self.kv_cache_num_blocks = gauge("kv_cache_num_blocks", "KV cache pool size in blocks.", engine)
+        self.kv_cache_num_free_blocks = gauge("kv_cache_num_free_blocks", "Free KV cache blocks.", engine)
         self.weight_bytes = gauge("weight_bytes", "Model weight bytes held per device.", ["device"])
         self.num_requests_queued = gauge("num_requests_queued",
                                          "Requests admitted by the gateway that have no first token yet.")
@@ -117,45 +123,50 @@ class ServerMetrics:
 
         m = model_name
         # Create every series now so scrapes see them (at 0) before the first request.
-        for metric in (self.num_requests_running, self.num_requests_waiting, self.kv_cache_usage_perc,
-                       self.num_preemptions, self.prompt_tokens, self.generation_tokens, self.time_to_first_token,
-                       self.time_per_output_token, self.request_time_per_output_token, self.inter_token_latency,
-                       self.e2e_request_latency, self.request_queue_time, self.request_prefill_time,
-                       self.request_decode_time, self.request_prompt_tokens, self.request_generation_tokens,
-                       self.iteration_tokens, self.batch_slot_saturation,
-                       self.kv_cache_reserved_unused_slots, self.kv_cache_reserved_unused_perc,
-                       self.kv_cache_num_blocks, self.kv_cache_num_free_blocks, self.num_requests_queued):
+        for metric in (self.time_to_first_token, self.time_per_output_token, self.request_time_per_output_token,
+                       self.inter_token_latency, self.e2e_request_latency, self.request_queue_time,
+                       self.request_prefill_time, self.request_decode_time, self.request_prompt_tokens,
+                       self.request_generation_tokens, self.num_requests_queued):
             metric.labels(m)
+        engine_metrics = (self.num_requests_running, self.num_requests_waiting, self.kv_cache_usage_perc,
+                          self.num_preemptions, self.prompt_tokens, self.generation_tokens,
+                          self.iteration_tokens, self.batch_slot_saturation, self.kv_cache_reserved_unused_slots,
+                          self.kv_cache_reserved_unused_perc, self.kv_cache_num_blocks, self.kv_cache_num_free_blocks)
+        for index in range(num_engines):
+            for metric in engine_metrics:
+                metric.labels(m, str(index))
         for reason in FINISHED_REASONS:
             self.request_success.labels(m, reason)
         for reason in ("queue_full", "draining"):
             self.num_requests_rejected.labels(m, reason)
         for device_name, value in weight_bytes_by_device(weight_bytes, device).items():
             self.weight_bytes.labels(m, device_name).set(value)
-        self._num_preemptions_seen = 0
+        self._num_preemptions_seen: dict[int, int] = {}
 
     # ---- recording (called from the metrics recorder thread, never the engine's)
-    def record_state(self, s: EngineState) -> None:
-        m = self.model_name
-        self.num_requests_running.labels(m).set(s.num_running)
-        self.num_requests_waiting.labels(m).set(s.num_waiting)
-        self.kv_cache_usage_perc.labels(m).set(s.kv_usage)
-        self.kv_cache_num_blocks.labels(m).set(s.num_blocks)
-        self.kv_cache_num_free_blocks.labels(m).set(s.num_free_blocks)
-        self.batch_slot_saturation.labels(m).set(s.num_running / s.max_num_seqs)
-        self.kv_cache_reserved_unused_slots.labels(m).set(s.num_reserved_unused_slots)
-        self.kv_cache_reserved_unused_perc.labels(m).set(s.num_reserved_unused_slots / (s.num_blocks * s.block_size))
-        if s.num_preemptions_total > self._num_preemptions_seen:
-            self.num_preemptions.labels(m).inc(s.num_preemptions_total - self._num_preemptions_seen)
-            self._num_preemptions_seen = s.num_preemptions_total
+    def record_state(self, s: EngineState, engine_index: int = 0) -> None:
+        labels = (self.model_name, str(engine_index))
+        self.num_requests_running.labels(*labels).set(s.num_running)
+        self.num_requests_waiting.labels(*labels).set(s.num_waiting)
+        self.kv_cache_usage_perc.labels(*labels).set(s.kv_usage)
+        self.kv_cache_num_blocks.labels(*labels).set(s.num_blocks)
+        self.kv_cache_num_free_blocks.labels(*labels).set(s.num_free_blocks)
+        self.batch_slot_saturation.labels(*labels).set(s.num_running / s.max_num_seqs)
+        self.kv_cache_reserved_unused_slots.labels(*labels).set(s.num_reserved_unused_slots)
+        self.kv_cache_reserved_unused_perc.labels(*labels).set(
+            s.num_reserved_unused_slots / (s.num_blocks * s.block_size))
+        seen = self._num_preemptions_seen.get(engine_index, 0)
+        if s.num_preemptions_total > seen:
+            self.num_preemptions.labels(*labels).inc(s.num_preemptions_total - seen)
+            self._num_preemptions_seen[engine_index] = s.num_preemptions_total
 
-    def record_step(self, step: StepSample) -> None:
-        m = self.model_name
-        self.iteration_tokens.labels(m).observe(step.num_scheduled_tokens)
+    def record_step(self, step: StepSample, engine_index: int = 0) -> None:
+        labels = (self.model_name, str(engine_index))
+        self.iteration_tokens.labels(*labels).observe(step.num_scheduled_tokens)
         if step.num_prompt_tokens:
-            self.prompt_tokens.labels(m).inc(step.num_prompt_tokens)
+            self.prompt_tokens.labels(*labels).inc(step.num_prompt_tokens)
         if step.num_generation_tokens:
-            self.generation_tokens.labels(m).inc(step.num_generation_tokens)
+            self.generation_tokens.labels(*labels).inc(step.num_generation_tokens)
 
     def record_finished(self, request: FinishedRequest) -> None:
         m = self.model_name

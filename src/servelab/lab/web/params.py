@@ -38,6 +38,9 @@ class LabInputError(ValueError):
         self.message = message
         self.param = param
 
+    def __reduce__(self):  # it travels back from the lab's worker process
+        return LabInputError, (self.message, self.param)
+
 
 def _bad(field: str, kind: str, value, **values) -> LabInputError:
     return LabInputError(Message(kind, {"field": field, "value": repr(value), **values}), field)

@@ -7,8 +7,9 @@
   POST /lab/api/advise      what `servelab lab advise --json` prints
   GET  /lab/api/status      whether a simulation is running
 
-Simulations run one at a time in a worker thread (a second concurrent one gets 429): the same process may
-be serving a model, and the event loop must keep streaming its tokens.
+Simulations run one at a time in a worker process (a second concurrent one gets 429): the same server may
+be serving a model, and its event loop must keep streaming tokens, which a simulation in a thread would
+hold up for its share of the GIL.
 
 Every human-readable error message comes in the request's language (`?lang=zh` or Accept-Language, see
 messages.py); the `param` and the bodies of successful answers do not depend on it."""
@@ -17,8 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import multiprocessing
+import os
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from fastapi import APIRouter
 from starlette.requests import Request
@@ -48,24 +55,61 @@ PAGES = {"/lab": "index.html", "/lab/tutorial": "tutorial.html"}
 MAX_BODY_BYTES = 64 * 1024
 
 
+WORK = {"simulate": api.simulate, "advise": api.advise}
+
+
+@dataclass(frozen=True)
+class LabOutcome:
+    """What the worker process sends back: the JSON text, or bad input as a message and the field it is
+    about (an exception's own attributes would not survive pickling)."""
+    text: str | None = None
+    error: LabInputError | None = None
+
+
+def run_lab(command: str, lab_input) -> LabOutcome:
+    """In the worker process."""
+    try:
+        return LabOutcome(text=api.format_json(WORK[command](lab_input).to_json()))
+    except ValueError as err:
+        return LabOutcome(error=field_message(err))
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """The worker's initializer: a server killed outright (SIGKILL, OOM) cannot stop its pool, so the worker
+    leaves by itself once its parent is gone."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="servelab-lab-parent-watch", daemon=True).start()
+
+
 class LabRunner:
-    """One simulation at a time, off the event loop. The check and the claim happen on the loop with no
-    await between them, so no lock is needed."""
+    """One simulation at a time, in a one-worker process pool (spawned on first use). The check and the
+    claim happen on the loop with no await between them, so no lock is needed."""
 
     def __init__(self) -> None:
         self.running: str | None = None
+        self._pool: ProcessPoolExecutor | None = None
 
-    async def run(self, command: str, work: Callable[[], str], lang: str) -> str:
+    async def run(self, command: str, lab_input, lang: str) -> LabOutcome:
         if self.running is not None:
             raise lab_busy(lang)
         self.running = command
         try:
-            return await asyncio.to_thread(work)
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=exit_with_parent, initargs=(os.getpid(),))
+            return await asyncio.get_running_loop().run_in_executor(self._pool, run_lab, command, lab_input)
         finally:
             self.running = None
 
-
-WORK = {"simulate": api.simulate, "advise": api.advise}
+    def close(self) -> None:
+        """Stop the worker (waits for a simulation in progress: they are bounded by the lab's limits)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 async def _read_json(request: Request, lang: str):
@@ -135,8 +179,16 @@ def _page(file_name: str):
 def build_lab_router(live_engine: dict | None = None) -> APIRouter:
     """live_engine: where the page finds the serving engine's meters ({"metrics_stream": url,
     "needs_api_key": bool}), or None when no model is served (`servelab lab web`)."""
-    router = APIRouter()
     runner = LabRunner()
+
+    @asynccontextmanager
+    async def lifespan(app):
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(runner.close)
+
+    router = APIRouter(lifespan=lifespan)
 
     for route, file_name in PAGES.items():
         router.add_api_route(route, _page(file_name), methods=["GET"])
@@ -159,7 +211,7 @@ def build_lab_router(live_engine: dict | None = None) -> APIRouter:
         lang = _language(request)
         try:
             lab_input = lab_request(command, await _read_json(request, lang))
-            text = await runner.run(command, lambda: api.format_json(WORK[command](lab_input).to_json()), lang)
+            outcome = await runner.run(command, lab_input, lang)
         except OpenAIError as err:
             return _error(err)
         except ValueError as err:
@@ -167,7 +219,9 @@ def build_lab_router(live_engine: dict | None = None) -> APIRouter:
         except Exception as err:  # a bug, not bad input: say so without a traceback
             logger.exception("lab %s failed", command)
             return _error(internal_error(command, err, lang))
-        return Response(text, media_type="application/json")
+        if outcome.error is not None:
+            return _error(bad_request(outcome.error, lang))
+        return Response(outcome.text, media_type="application/json")
 
     @router.post("/lab/api/simulate")
     async def simulate(request: Request) -> Response:

@@ -1,0 +1,133 @@
+"""The API server's handle on one engine core, in two runners with one interface (vLLM's core_client):
+
+- MPClient (mp_client.py): the core runs in its own process (core_process.py); inputs go out on a PUSH
+  socket, outputs come back on a PULL socket read by an asyncio task (zmq.asyncio), so model steps never
+  hold the API server's GIL. The process is watched: when it exits unasked, get_output raises
+  EngineDeadError.
+- InprocClient: the same EngineLoop in a thread of the API process (`--engine-in-process`, tests).
+
+Both: start() on the event loop, then add_request / abort_requests (non-blocking, in order), await
+get_output() for each EngineStepOutputs, and await shutdown() (bounded; a process that does not stop in
+time is killed)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING, Protocol
+
+from servelab.core.messages import EngineCoreRequest
+from servelab.engine.core_loop import EngineLoop
+from servelab.engine.core_protocol import AbortRequests, AddRequest, EngineReady, EngineStepOutputs
+
+if TYPE_CHECKING:
+    from servelab.engine.llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+
+
+class EngineStepError(RuntimeError):
+    """An engine step raised; the requests in the engine were failed."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core has stopped; no request can be served."""
+
+
+class EngineCoreClient(Protocol):
+    info: EngineReady
+
+    def start(self) -> None: ...
+
+    def add_request(self, request: EngineCoreRequest) -> None: ...
+
+    def abort_requests(self, request_ids: list[str]) -> None: ...
+
+    async def get_output(self) -> EngineStepOutputs: ...
+
+    async def shutdown(self, timeout: float) -> None: ...
+
+    def close(self) -> None:
+        """Blocking, idempotent: stop now whatever still runs (the last resort on the way out)."""
+
+
+class InprocClient:
+    def __init__(self, engine: "LLMEngine", engine_index: int = 0) -> None:
+        self.engine = engine
+        self._engine_loop = EngineLoop(engine, engine_index)
+        self.info = self._engine_loop.ready(os.getpid())
+        self._cond = threading.Condition()
+        self._inbox: list[AddRequest | AbortRequests] = []
+        self._stopping = False
+        self._closed_error: EngineDeadError | None = None
+        self._outputs: asyncio.Queue[EngineStepOutputs | EngineDeadError] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._outputs = asyncio.Queue()
+        self._thread = threading.Thread(target=self._run, name=f"servelab-engine-{self.info.engine_index}",
+                                        daemon=True)
+        self._thread.start()
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self._post(AddRequest(request), refuse=True)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self._post(AbortRequests(list(request_ids)), refuse=False)
+
+    async def get_output(self) -> EngineStepOutputs:
+        item = await self._outputs.get()
+        if isinstance(item, EngineDeadError):
+            raise item
+        return item
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, timeout)
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+
+    def _post(self, message: AddRequest | AbortRequests, refuse: bool) -> None:
+        with self._cond:
+            if self._closed_error is not None or self._thread is None:
+                if refuse:
+                    raise self._closed_error or EngineDeadError("the engine core is not started")
+                return
+            self._inbox.append(message)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        engine_loop = self._engine_loop
+        try:
+            while True:
+                with self._cond:
+                    while not self._inbox and not self._stopping and not engine_loop.has_work():
+                        self._cond.wait()
+                    inbox, self._inbox = self._inbox, []
+                    if self._stopping:
+                        break
+                result = engine_loop.run_once(inbox)
+                if result is not None:
+                    self._deliver(result)
+            error = EngineDeadError("the engine core has shut down")
+        except BaseException as exc:  # the loop itself broke
+            logger.exception("engine core %d died", self.info.engine_index)
+            error = EngineDeadError(f"engine core {self.info.engine_index} died: {type(exc).__name__}: {exc}")
+        with self._cond:
+            self._closed_error = error
+        self._deliver(error)
+
+    def _deliver(self, item: EngineStepOutputs | EngineDeadError) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._outputs.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass

@@ -1,0 +1,136 @@
+"""EngineLoop: one iteration of an engine core's busy loop, the same code whether it runs in a thread of
+the API server (--engine-in-process, tests) or in an engine-core process.
+
+An iteration applies the inputs that came in (adds and aborts, in order), runs one step when anything is
+queued or running, and turns what happened into one EngineStepOutputs value: the adds taken or refused,
+the request outputs, the state, the step's sample and the requests that finished (with the time each
+token left the engine, for the latency metrics). A step that raises fails every request in the engine
+(the batch is shared) and the loop keeps serving; anything else that breaks propagates to the runner."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from servelab.engine.core_protocol import (AbortRequests, AddRequest, EngineReady, EngineStepOutputs,
+                                           RequestError)
+from servelab.metrics.events import FinishedRequest, StepSample
+from servelab.metrics.request_stats import RequestTiming
+from servelab.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from servelab.engine.llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+
+
+class EngineLoop:
+    def __init__(self, engine: "LLMEngine", engine_index: int = 0) -> None:
+        self.engine = engine
+        self.engine_index = engine_index
+        # request id -> per completion, the time each of its output tokens left the engine
+        self._token_times: dict[str, list[list[float]]] = {}
+        self._last_stats = None
+
+    def ready(self, pid: int) -> EngineReady:
+        engine = self.engine
+        return EngineReady(self.engine_index, pid, engine.limits, engine.eos_token_ids, engine.executor.weight_bytes)
+
+    def has_work(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def run_once(self, inputs: list[AddRequest | AbortRequests]) -> EngineStepOutputs | None:
+        """Apply inputs, step if there is work; None when neither happened."""
+        if not inputs and not self.has_work():
+            return None
+        out = EngineStepOutputs(self.engine_index, self.engine.get_state(), 0.0)
+        for message in inputs:
+            if isinstance(message, AddRequest):
+                self._add(message, out)
+            else:
+                for request_id in message.request_ids:
+                    self._abort(request_id, out)
+        if self.has_work():
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:
+                logger.exception("engine step failed; failing %d requests", len(self._token_times))
+                self._fail_all(exc, out)
+            else:
+                out.step = self._collect(outputs, out)
+        out.output_time = time.perf_counter()
+        out.state = self.engine.get_state()
+        return out
+
+    def _add(self, message: AddRequest, out: EngineStepOutputs) -> None:
+        request = message.request
+        try:
+            self.engine.add_request(request)
+        except ValueError as exc:
+            out.errors.append(RequestError(request.request_id, str(exc), invalid=True))
+            return
+        except Exception as exc:
+            logger.exception("adding request %s failed", request.request_id)
+            out.errors.append(RequestError(request.request_id, f"the engine could not take the request: {exc}"))
+            return
+        self._token_times[request.request_id] = [[] for _ in range(request.sampling_params.n)]
+        out.accepted.append(request.request_id)
+
+    def _abort(self, request_id: str, out: EngineStepOutputs) -> None:
+        token_times = self._token_times.pop(request_id, None)
+        if token_times is None:  # finished already, or never taken
+            return
+        outputs = self.engine.abort_request(request_id)
+        out.outputs.extend(outputs)
+        out.finished.append(_finished_record(request_id, token_times, outputs[-1] if outputs else None, "abort"))
+
+    def _fail_all(self, exc: Exception, out: EngineStepOutputs) -> None:
+        message = f"the engine step failed: {type(exc).__name__}: {exc}"
+        for request_id, token_times in list(self._token_times.items()):
+            del self._token_times[request_id]
+            self.engine.abort_request(request_id)
+            out.errors.append(RequestError(request_id, message))
+            out.finished.append(_finished_record(request_id, token_times, None, "error"))
+        if self.engine.has_unfinished_requests():
+            raise RuntimeError("requests the loop does not know of are left in the engine") from exc
+        self.engine.check_invariants()
+
+    def _collect(self, outputs: list[RequestOutput], out: EngineStepOutputs) -> StepSample | None:
+        now = time.perf_counter()
+        num_generated = num_prompt = 0
+        for output in outputs:
+            token_times = self._token_times.get(output.request_id)
+            if token_times is None:
+                continue
+            for completion in output.outputs:
+                times = token_times[completion.index]
+                num_new = len(completion.token_ids) - len(times)
+                if num_new > 0:
+                    if not times:
+                        num_prompt += len(output.prompt_token_ids)
+                    times.extend([now] * num_new)
+                    num_generated += num_new
+            out.outputs.append(output)
+            if output.finished:
+                del self._token_times[output.request_id]
+                out.finished.append(_finished_record(output.request_id, token_times, output, None))
+        stats = self.engine.last_step_stats
+        if stats is None or stats is self._last_stats:
+            return None
+        self._last_stats = stats
+        return StepSample(stats.duration, stats.num_scheduled_tokens, num_generated, num_prompt)
+
+
+def _finished_record(request_id: str, token_times: list[list[float]], out: RequestOutput | None,
+                     reason: str | None) -> FinishedRequest:
+    if out is None:
+        return FinishedRequest(request_id, [reason or "abort"] * len(token_times))
+    timings = []
+    for completion in out.outputs:
+        times = token_times[completion.index]
+        if times:
+            timings.append(RequestTiming(len(out.prompt_token_ids), len(completion.token_ids),
+                                         out.metrics.arrival_time, times[0], times[-1], times,
+                                         out.metrics.first_scheduled_time))
+    reasons = [reason or completion.finish_reason or "abort" for completion in out.outputs]
+    return FinishedRequest(request_id, reasons, timings)

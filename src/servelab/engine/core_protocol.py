@@ -1,0 +1,88 @@
+"""The typed messages between the API server and an engine core, and their msgpack codec.
+
+API -> core: AddRequest | AbortRequests | Shutdown. Core -> API: EngineReady (or EngineStartupFailed) once,
+then one EngineStepOutputs per loop iteration. Tagged msgspec Structs around the engine's own value types
+(EngineCoreRequest, RequestOutput, EngineState ...), so a message names its type and never a method to
+call, and decoding checks every field's type."""
+from __future__ import annotations
+
+import msgspec
+
+from servelab.core.messages import EngineCoreRequest, EngineLimits
+from servelab.metrics.events import EngineState, FinishedRequest, StepSample
+from servelab.outputs import RequestOutput
+
+
+# ---- API server -> engine core
+class AddRequest(msgspec.Struct, tag=True):
+    request: EngineCoreRequest
+
+
+class AbortRequests(msgspec.Struct, tag=True):
+    request_ids: list[str]
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    pass
+
+
+EngineInput = AddRequest | AbortRequests | Shutdown
+
+
+# ---- engine core -> API server
+class EngineReady(msgspec.Struct, tag=True):
+    """What the API server needs from a started core: the limits the input processor checks against
+    (so the API process never loads weights) and what the metrics report."""
+    engine_index: int
+    pid: int
+    limits: EngineLimits
+    eos_token_ids: tuple[int, ...]
+    weight_bytes: int
+
+
+class EngineStartupFailed(msgspec.Struct, tag=True):
+    engine_index: int
+    message: str
+
+
+class RequestError(msgspec.Struct):
+    request_id: str
+    message: str
+    # True: the engine refused the request itself (a ValueError, e.g. a duplicate id); False: the engine
+    # failed while holding it (a failed add or step)
+    invalid: bool = False
+
+
+class EngineStepOutputs(msgspec.Struct, tag=True):
+    """One loop iteration of one core: the adds it took or refused, the outputs of its step (and of the
+    aborts it applied), and the state after it."""
+    engine_index: int
+    state: EngineState
+    # when these outputs left the engine (time.perf_counter, one clock for every process of the machine)
+    output_time: float
+    accepted: list[str] = []
+    errors: list[RequestError] = []
+    outputs: list[RequestOutput] = []
+    step: StepSample | None = None
+    finished: list[FinishedRequest] = []
+
+
+EngineOutput = EngineReady | EngineStartupFailed | EngineStepOutputs
+
+
+class Codec:
+    """msgpack encoder plus typed decoders for both directions (one per socket end)."""
+
+    def __init__(self) -> None:
+        self._encoder = msgspec.msgpack.Encoder()
+        self._inputs = msgspec.msgpack.Decoder(EngineInput)
+        self._outputs = msgspec.msgpack.Decoder(EngineOutput)
+
+    def encode(self, message: EngineInput | EngineOutput) -> bytes:
+        return self._encoder.encode(message)
+
+    def decode_input(self, data: bytes) -> EngineInput:
+        return self._inputs.decode(data)
+
+    def decode_output(self, data: bytes) -> EngineOutput:
+        return self._outputs.decode(data)
