@@ -38,6 +38,7 @@ class StubExecutor:
     that computes token fail_on_token_id (a trigger that works in an engine-core process too)."""
 
     weight_bytes = 1000
+    weight_bytes_per_rank = (1000,)
 
     def __init__(self, num_blocks: int, step_delay: float = 0.0, eos_at_position: int | None = None,
                  fail_on_token_id: int | None = None) -> None:

@@ -34,7 +34,7 @@ class EngineLoop:
 
     def ready(self, pid: int) -> EngineReady:
         engine = self.engine
-        return EngineReady(self.engine_index, pid, engine.limits, engine.eos_token_ids, engine.executor.weight_bytes)
+        return EngineReady(self.engine_index, pid, engine.limits, engine.eos_token_ids, tuple(engine.executor.weight_bytes_per_rank))
 
     def has_work(self) -> bool:
         return self.engine.has_unfinished_requests()

@@ -37,7 +37,7 @@ class EngineReady(msgspec.Struct, tag=True):
     pid: int
     limits: EngineLimits
     eos_token_ids: tuple[int, ...]
-    weight_bytes: int
+    weight_bytes_per_rank: tuple[int, ...]  # one entry per tensor-parallel rank
 
 
 class EngineStartupFailed(msgspec.Struct, tag=True):

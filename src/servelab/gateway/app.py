@@ -46,7 +46,7 @@ class Gateway:
         self.config = config
         self.model_path = model_path
         info = cores[0].info
-        self.metrics = ServerMetrics(config.model_name, info.weight_bytes,
+        self.metrics = ServerMetrics(config.model_name, info.weight_bytes_per_rank,
                                      min(c.info.limits.max_model_len for c in cores), num_engines=len(cores))
         self.recorder = MetricsRecorder(self.metrics)
         self.engine = AsyncLLM(cores, tokenizer, on_events=self.recorder.submit)

@@ -55,7 +55,7 @@ class AsyncLLM:
         self.limits = EngineLimits(*(min(getattr(i.limits, f) for i in infos)
                                      for f in ("max_model_len", "vocab_size", "num_blocks", "block_size")))
         self.input_processor = InputProcessor(tokenizer, self.limits, infos[0].eos_token_ids)
-        self.weight_bytes = infos[0].weight_bytes
+        self.weight_bytes = sum(infos[0].weight_bytes_per_rank)
         self._on_events = on_events
         self._loads = EngineLoads(len(self.cores))
         self._tracked: dict[str, _Tracked] = {}
