@@ -12,13 +12,13 @@ import argparse
 import asyncio
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from servelab.bench.server_process import ServerProcess
 from servelab.bench.datasets import load_tokenizer
 from servelab.bench.loadgen import ClientConfig, first_model_id
 from servelab.bench.serve import (add_output_args, add_request_args, add_workload_args, parse_goodput,
@@ -30,7 +30,7 @@ BANNER = re.compile(r"servelab: serving \S+ at (http://\S+)/v1 ")
 PREEMPTIONS = re.compile(r"^servelab:num_preemptions_total\{[^}]*\} (\S+)$", re.MULTILINE)
 
 
-class ServelabServer:
+class ServelabServer(ServerProcess):
     """`servelab serve` on 127.0.0.1, any free port (read back from its banner), log to a file."""
 
     def __init__(self, model: str | None, flags: list[str], log_path: Path, startup_timeout_s: float) -> None:
@@ -72,26 +72,6 @@ class ServelabServer:
         except httpx.HTTPError:
             return None
         return int(float(match[1])) if match else None
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=timeout_s)
-        self._log.close()
-
-    def __enter__(self) -> "ServelabServer":
-        try:
-            return self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def add_parser(sub) -> None:

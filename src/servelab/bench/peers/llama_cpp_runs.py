@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import shlex
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+from servelab.bench.server_process import ServerProcess
 from servelab.bench.peers.llama_cpp_build import LlamaCppTools
 
 
@@ -35,7 +35,7 @@ def server_command(tools: LlamaCppTools, gguf: Path, port: int, num_slots: int, 
             "-t", str(num_threads), "-tb", str(num_threads), "--cache-ram", "0", "--no-webui"]
 
 
-class LlamaServer:
+class LlamaServer(ServerProcess):
     """llama-server in a subprocess with its log in a file; ready once /health answers 200."""
 
     def __init__(self, command: list[str], port: int, log_path: Path, startup_timeout_s: float = 300.0) -> None:
@@ -64,26 +64,6 @@ class LlamaServer:
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"llama-server not ready after {self.startup_timeout_s:g} s:\n{self.log_tail()}")
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=timeout_s)
-        self._log.close()
-
-    def __enter__(self) -> "LlamaServer":
-        try:
-            return self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def quantize_command(tools: LlamaCppTools, source: Path, dest: Path, ftype: str, num_threads: int) -> list[str]:
