@@ -16,12 +16,14 @@ from server_helpers import TINY_ENGINE_FLAGS, parse_sse, wait_for_metrics
 KEY = "env-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 TIMEOUT_S = 1.0
-LONG = {"prompt": "Keep going", "max_tokens": 500, "ignore_eos": True}
+# 8 samples of 500 tokens, one at a time (--max-num-seqs 1): 4,000 steps, far past the limit however fast the
+# machine (one sample alone finished within 1 s on a quiet Zen 4)
+LONG = {"prompt": "Keep going", "max_tokens": 500, "ignore_eos": True, "n": 8}
 
 
 @pytest.fixture(scope="module")
 def server(start_server, tiny_llama_dir):
-    server = start_server(tiny_llama_dir, *TINY_ENGINE_FLAGS, "--request-timeout", str(TIMEOUT_S),
+    server = start_server(tiny_llama_dir, *TINY_ENGINE_FLAGS, "--max-num-seqs", "1", "--request-timeout", str(TIMEOUT_S),
                           "--protect-metrics", "--shutdown-grace", "0.2", env={"SERVELAB_API_KEY": KEY})
     yield server
     server.stop()
@@ -49,7 +51,7 @@ def test_streaming_timeout_ends_with_error_event(server):
     started = time.monotonic()
     with pytest.raises(openai.APIError, match="limit"):
         for _ in client.completions.create(model=client.models.list().data[0].id, prompt=LONG["prompt"],
-                                           max_tokens=LONG["max_tokens"], stream=True,
+                                           max_tokens=LONG["max_tokens"], n=LONG["n"], stream=True,
                                            extra_body={"ignore_eos": True}):
             pass
     assert time.monotonic() - started < TIMEOUT_S + 5
