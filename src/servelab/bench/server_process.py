@@ -3,12 +3,23 @@ from __future__ import annotations
 
 import signal
 import subprocess
+from pathlib import Path
 
 
 class ServerProcess:
-    """Subclasses set self.proc (a Popen) and self._log (its open log file) and define wait_ready()."""
+    """Subclasses call _start() and define wait_ready()."""
 
     proc: subprocess.Popen
+    log_path: Path
+
+    def _start(self, command: list[str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def log_tail(self, num_chars: int = 3000) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-num_chars:]
 
     def wait_ready(self):
         raise NotImplementedError

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import re
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,17 +33,11 @@ class ServelabServer(ServerProcess):
     """`servelab serve` on 127.0.0.1, any free port (read back from its banner), log to a file."""
 
     def __init__(self, model: str | None, flags: list[str], log_path: Path, startup_timeout_s: float) -> None:
-        self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.url = ""
         command = [sys.executable, "-m", "servelab.entrypoints.cli", "serve", *([model] if model else []),
                    "--host", "127.0.0.1", "--port", "0", *flags]
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def log_tail(self, num_chars: int = 3000) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")[-num_chars:]
+        self._start(command, log_path)
 
     def wait_ready(self) -> "ServelabServer":
         import httpx

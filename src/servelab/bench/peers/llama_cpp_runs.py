@@ -41,14 +41,8 @@ class LlamaServer(ServerProcess):
     def __init__(self, command: list[str], port: int, log_path: Path, startup_timeout_s: float = 300.0) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self.command = command
-        self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
-
-    def log_tail(self, num_chars: int = 3000) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")[-num_chars:]
+        self._start(command, log_path)
 
     def wait_ready(self) -> "LlamaServer":
         import httpx
