@@ -6,6 +6,7 @@ import functools
 import hashlib
 import logging
 import os
+import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -17,6 +18,28 @@ def _build_name(here: Path) -> str:
     # torch rebuilds when a listed source changes but not a header: name the build after them all.
     digest = hashlib.sha256(b"".join((here / f).read_bytes() for f in SOURCES + HEADERS)).hexdigest()
     return f"servelab_cpu_ops_{digest[:10]}"
+
+
+def _build_dir(root: Path, here: Path, name: str) -> Path:
+    # build.ninja records absolute source paths, so two checkouts sharing one build folder would
+    # rebuild each other's module on every load: key the folder by the source folder too.
+    where = hashlib.sha256(str(here.resolve()).encode()).hexdigest()[:8]
+    return root / "kernels" / f"{name}-{where}"
+
+
+STALE_LOCK_S = 600
+
+
+def _break_stale_lock(build_dir: Path) -> None:
+    # torch's FileBaton waits forever on a lock left by a build that was killed; no build takes
+    # ten minutes, so an older lock is a leftover.
+    lock = build_dir / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            logger.warning("removing stale kernel build lock %s", lock)
+            lock.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def _cpu_has_avx2_fma() -> bool:
@@ -39,8 +62,10 @@ def cpu_ops():
 
         here = Path(__file__).parent
         name = _build_name(here)
-        cache = Path(os.environ.get("SERVELAB_CACHE_DIR", Path.home() / ".cache" / "servelab")) / "kernels" / name
+        root = Path(os.environ.get("SERVELAB_CACHE_DIR", Path.home() / ".cache" / "servelab"))
+        cache = _build_dir(root, here, name)
         cache.mkdir(parents=True, exist_ok=True)
+        _break_stale_lock(cache)
         return load(name=name, sources=[str(here / s) for s in SOURCES],
                     extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
                     build_directory=str(cache), verbose=False)
