@@ -85,6 +85,37 @@ class ParallelConfig:
                              f"valid sizes for it: {valid}")
 
 
+KV_ROLES = ("kv_producer", "kv_consumer")
+
+
+@dataclass(frozen=True)
+class KVTransferConfig:
+    """One instance's place in a disaggregated prefill/decode deployment (vLLM's kv_transfer_config):
+    kv_producer instances prefill and send KV blocks, kv_consumer instances receive them and decode.
+    Every instance is one rank (kv_rank) of a torch.distributed group of kv_parallel_size, joined
+    through the store at kv_ip:kv_port."""
+    kv_role: str
+    kv_rank: int
+    kv_parallel_size: int
+    kv_ip: str = "127.0.0.1"
+    kv_port: int = 0
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_role must be one of {', '.join(KV_ROLES)}, got {self.kv_role!r}")
+        if not 0 <= self.kv_rank < self.kv_parallel_size:
+            raise ValueError(f"kv_rank {self.kv_rank} outside a group of {self.kv_parallel_size}")
+
+
+def parse_disaggregate(value: str) -> tuple[int, int]:
+    """'P:D' -> (P prefill instances, D decode instances), as the lab's --disaggregate flag reads it."""
+    prefill, sep, decode = value.partition(":")
+    if not sep or not prefill.isdigit() or not decode.isdigit() or int(prefill) < 1 or int(decode) < 1:
+        raise ValueError(f"--disaggregate takes P:D with P, D >= 1 (e.g. 1:1), got {value!r}")
+    return int(prefill), int(decode)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: ModelSpec
@@ -92,6 +123,10 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     dtype: str = "float32"
+    kv_transfer: KVTransferConfig | None = None
 
     def __post_init__(self) -> None:
         self.parallel.verify_with_model(self.model)
+        if self.kv_transfer is not None and self.parallel.tensor_parallel_size > 1:
+            raise ValueError("disaggregated prefill/decode runs each instance on one rank: it cannot be combined "
+                             "with tensor_parallel_size > 1")

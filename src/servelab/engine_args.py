@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
-from servelab.config import SCHEDULE_POLICIES, CacheConfig, ParallelConfig, SchedulerConfig
+from servelab.config import SCHEDULE_POLICIES, CacheConfig, KVTransferConfig, ParallelConfig, SchedulerConfig
 
 
 @dataclass
@@ -23,6 +23,10 @@ class EngineArgs:
     # `servelab serve` only: engine-core processes behind the API server, or one engine in a thread of it
     data_parallel_size: int = 1
     engine_in_process: bool = False
+    # `servelab serve` only: "P:D" prefill and decode instances (the lab's flag)
+    disaggregate: str | None = None
+    # one instance's role in a disaggregated deployment (set per engine core by the launcher)
+    kv_transfer_config: KVTransferConfig | None = None
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
@@ -56,6 +60,9 @@ class EngineArgs:
         parser.add_argument("--data-parallel-size", "-dp", type=int, default=1,
                             help="engine-core processes, each a full replica with its own KV cache; the API "
                                  "server sends each request to the least loaded")
+        parser.add_argument("--disaggregate", default=None, metavar="P:D",
+                            help="P prefill and D decode engine cores: a request is prefilled on one, its KV "
+                                 "blocks are sent to the other (torch.distributed send/recv), which decodes")
         parser.add_argument("--engine-in-process", action="store_true",
                             help="debug: step the engine in a thread of the API server instead of its own process "
                                  "(it then shares the GIL with the event loop)")

@@ -6,7 +6,7 @@ import time
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import models, pre_tokenizers
 
-from servelab.config import CacheConfig, EngineConfig, SchedulerConfig
+from servelab.config import CacheConfig, EngineConfig, KVTransferConfig, SchedulerConfig
 from servelab.specs import ModelSpec
 from servelab.core.plan import SampledToken, StepPlan, StepResult
 from servelab.engine.llm_engine import LLMEngine
@@ -16,6 +16,13 @@ EOS = "<eos>"
 WORDS = [f"w{i}" for i in range(32)]
 VOCAB = [EOS, "<unk>", "hi", "hello", *WORDS]
 FIRST_WORD_ID = VOCAB.index("w0")
+UNK = VOCAB.index("<unk>")
+
+
+def _zeros(shape):
+    import torch
+
+    return torch.zeros(shape)
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
 
 
@@ -41,8 +48,13 @@ class StubExecutor:
     weight_bytes_per_rank = (1000,)
 
     def __init__(self, num_blocks: int, step_delay: float = 0.0, eos_at_position: int | None = None,
-                 fail_on_token_id: int | None = None) -> None:
+                 fail_on_token_id: int | None = None, block_size: int | None = None) -> None:
         self.num_blocks = num_blocks
+        # With a block size: a real KV cache of one layer, (2, num_blocks, block_size, 1 head, 2). Each step
+        # writes (token id, position + 1) at the slots it computes, and a request samples "<unk>" instead of
+        # its word when any earlier position of its context is missing (so KV that did not arrive shows).
+        self.block_size = block_size
+        self.kv_caches = [] if block_size is None else [_zeros((2, num_blocks, block_size, 1, 2))]
         self.eos_at_position = eos_at_position
         self.step_delay = step_delay
         self.fail_next_step = False
@@ -63,9 +75,37 @@ class StubExecutor:
         if self.fail_on_token_id is not None and any(self.fail_on_token_id in s.token_ids for s in plan.scheduled):
             self.fail_on_token_id = None
             raise RuntimeError("boom")
-        sampled = {s.request_id: SampledToken(0 if s.context_len == self.eos_at_position else word_id(s.context_len))
+        if self.kv_caches:
+            self._write_kv(plan)
+        sampled = {s.request_id: SampledToken(0 if s.context_len == self.eos_at_position else
+                                              word_id(s.context_len) if self._kv_complete(s) else UNK)
                    for s in plan.scheduled if s.sample}
         return StepResult(sampled=sampled)
+
+    def _slot(self, s, position: int) -> tuple[int, int]:
+        return s.block_ids[position // self.block_size], position % self.block_size
+
+    def _write_kv(self, plan: StepPlan) -> None:
+        cache = self.kv_caches[0]
+        for s in plan.scheduled:
+            for offset, token_id in enumerate(s.token_ids):
+                position = s.num_computed_tokens + offset
+                block, slot = self._slot(s, position)
+                cache[0, block, slot, 0] = float(token_id)
+                cache[1, block, slot, 0] = float(position + 1)
+
+    def _kv_complete(self, s) -> bool:
+        if not self.kv_caches:
+            return True
+        cache = self.kv_caches[0]
+        known = s.prompt_token_ids + (s.output_token_ids or []) if s.prompt_token_ids is not None else []
+        for p in range(s.context_len):
+            block, slot = self._slot(s, p)
+            if cache[1, block, slot, 0, 0].item() != p + 1:
+                return False
+            if p < len(known) and cache[0, block, slot, 0, 0].item() != known[p]:
+                return False  # a stale block of an earlier request
+        return True
 
 
 class CheckedEngine(LLMEngine):
@@ -96,7 +136,8 @@ class CheckedEngine(LLMEngine):
 
 
 def make_engine(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 128, max_num_seqs: int = 8,
-                policy: str = "continuous", **executor_options) -> CheckedEngine:
+                policy: str = "continuous", kv_transfer: KVTransferConfig | None = None,
+                **executor_options) -> CheckedEngine:
     """executor_options: StubExecutor's step_delay, eos_at_position, fail_on_token_id. Importable by module
     path, so an engine-core process (spawned) can build it through an EngineFactory."""
     model = ModelSpec("stub", "stub", "LlamaForCausalLM", vocab_size=len(VOCAB), hidden_size=8, intermediate_size=16,
@@ -104,5 +145,11 @@ def make_engine(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 
                       max_position_embeddings=max_model_len)
     config = EngineConfig(model, CacheConfig(block_size=block_size, num_blocks=num_blocks),
                           SchedulerConfig(policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=64,
-                                          max_model_len=max_model_len))
-    return CheckedEngine(config, tiny_tokenizer(), StubExecutor(num_blocks, **executor_options), "stub")
+                                          max_model_len=max_model_len), kv_transfer=kv_transfer)
+    if kv_transfer is None:
+        return CheckedEngine(config, tiny_tokenizer(), StubExecutor(num_blocks, **executor_options), "stub")
+    from servelab.kv_transfer.p2p_connector import P2PKVConnector
+
+    executor = StubExecutor(num_blocks, block_size=block_size, **executor_options)
+    return CheckedEngine(config, tiny_tokenizer(), executor, "stub",
+                         P2PKVConnector.from_config(kv_transfer, executor.kv_caches))

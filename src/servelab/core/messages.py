@@ -19,6 +19,23 @@ class EngineLimits:
 
 
 @dataclass(frozen=True)
+class KVTransferParams:
+    """A request's part in disaggregated prefill/decode (vLLM's kv_transfer_params).
+
+    do_remote_decode (on a prefill instance): after its first token, the request's KV blocks stay held
+    until they have been sent to a decode instance (or released). do_remote_prefill (on a decode
+    instance): its prompt's KV arrives from engine remote_engine as transfer `tag`, and its first token
+    (with the times it was scheduled and sampled there) is first_token."""
+    do_remote_decode: bool = False
+    do_remote_prefill: bool = False
+    remote_engine: int = 0
+    tag: int = 0
+    first_token: SampledToken | None = None
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+
+
+@dataclass(frozen=True)
 class EngineCoreRequest:
     """A tokenized, validated request (the input processor's output); one per engine-core request, so a
     request with n samples becomes n of them."""
@@ -30,6 +47,7 @@ class EngineCoreRequest:
     max_tokens: int
     eos_token_ids: tuple[int, ...]
     arrival_time: float
+    kv_transfer: KVTransferParams | None = None
 
 
 @dataclass(frozen=True)

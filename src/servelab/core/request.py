@@ -4,7 +4,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from servelab.core.messages import EngineCoreOutput, EngineCoreRequest, EngineCoreTimes
+from servelab.core.messages import EngineCoreOutput, EngineCoreRequest, EngineCoreTimes, KVTransferParams
 from servelab.core.plan import SampledToken
 from servelab.sampling_params import SamplingParams
 
@@ -44,6 +44,7 @@ class Request:
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
+    kv_transfer: KVTransferParams | None = None
 
     def __post_init__(self) -> None:
         self.times = RequestTimes(arrival=self.arrival_time)
@@ -51,7 +52,7 @@ class Request:
     @classmethod
     def from_engine_core_request(cls, request: EngineCoreRequest) -> "Request":
         return cls(request.request_id, list(request.prompt_token_ids), request.sampling_params, request.max_tokens,
-                   request.eos_token_ids, request.arrival_time)
+                   request.eos_token_ids, request.arrival_time, kv_transfer=request.kv_transfer)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -30,6 +30,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self._known_to_executor: set[str] = set()
         self._finished_ids: list[str] = []
+        # finished prefills (disaggregated) whose KV blocks wait to be sent to a decode instance
+        self.kv_held_ids: set[str] = set()
         self.num_preemptions_total = 0
         self.max_num_seqs = config.effective_max_num_seqs
         self.contiguous = config.contiguous
@@ -64,11 +66,38 @@ class Scheduler:
         elif request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             self.waiting.remove(request)
         request.status = status
-        self.block_manager.free(request.request_id)
+        kv = request.kv_transfer
+        if status is RequestStatus.FINISHED_LENGTH and kv is not None and kv.do_remote_decode:
+            self.kv_held_ids.add(request.request_id)  # vLLM's delay_free_blocks: freed by release_kv
+        else:
+            self.block_manager.free(request.request_id)
         self.requests.pop(request.request_id, None)
         if request.request_id in self._known_to_executor:
             self._known_to_executor.discard(request.request_id)
             self._finished_ids.append(request.request_id)
+
+    def release_kv(self, request_id: str) -> bool:
+        """Free a finished prefill's held KV blocks (sent, or not needed any more); False when none are held."""
+        if request_id not in self.kv_held_ids:
+            return False
+        self.kv_held_ids.discard(request_id)
+        self.block_manager.free(request_id)
+        return True
+
+    def add_prefilled(self, request: Request) -> list[int] | None:
+        """Admit a request whose first request.num_computed_tokens tokens of KV were computed elsewhere
+        (a decode instance): blocks for them are allocated now, for the caller to write the KV into, and
+        returned; None (nothing allocated) while the pool is too short. It then waits as any request
+        does, with only its last token left to compute."""
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        block_ids = self.block_manager.allocate_slots(request.request_id, request.num_computed_tokens)
+        if block_ids is None:
+            return None
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+        return block_ids
 
     def _running_index(self, request: Request) -> int | None:
         try:

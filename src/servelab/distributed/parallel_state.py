@@ -52,14 +52,19 @@ def _loopback_interface() -> str | None:
     return next((n for n in names if n.startswith("lo")), None)
 
 
+def keep_gloo_on_loopback(store_host: str) -> None:
+    """With the store on 127.0.0.1, gloo's own connections stay on the loopback too."""
+    if store_host == "127.0.0.1" and "GLOO_SOCKET_IFNAME" not in os.environ:
+        loopback = _loopback_interface()
+        if loopback is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = loopback
+
+
 def init_tensor_parallel(rank: int, world_size: int, store_host: str, store_port: int, device: torch.device,
                          timeout_s: float) -> TensorParallelGroup:
     """Join the group through the driver's store. timeout_s bounds the rendezvous and every
     collective: a rank whose peer stopped answering raises instead of waiting for ever."""
-    if store_host == "127.0.0.1" and "GLOO_SOCKET_IFNAME" not in os.environ:
-        loopback = _loopback_interface()
-        if loopback is not None:  # keep gloo's own connections on the loopback too
-            os.environ["GLOO_SOCKET_IFNAME"] = loopback
+    keep_gloo_on_loopback(store_host)
     timeout = timedelta(seconds=timeout_s)
     store = dist.TCPStore(store_host, store_port, is_master=False, timeout=timeout)
     dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world_size, timeout=timeout)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from servelab.core.messages import EngineCoreRequest
 from servelab.engine.core_loop import EngineLoop
-from servelab.engine.core_protocol import AbortRequests, AddRequest, EngineReady, EngineStepOutputs
+from servelab.engine.core_protocol import AbortRequests, AddRequest, EngineReady, EngineStepOutputs, SendKV
 
 if TYPE_CHECKING:
     from servelab.engine.llm_engine import LLMEngine
@@ -43,6 +43,9 @@ class EngineCoreClient(Protocol):
     def add_request(self, request: EngineCoreRequest) -> None: ...
 
     def abort_requests(self, request_ids: list[str]) -> None: ...
+
+    def send_kv(self, request_id: str, dst: int, tag: int) -> None:
+        """Disaggregated prefill/decode: send a finished prefill's held KV blocks to engine dst."""
 
     async def get_output(self) -> EngineStepOutputs: ...
 
@@ -78,6 +81,9 @@ class InprocClient:
     def abort_requests(self, request_ids: list[str]) -> None:
         self._post(AbortRequests(list(request_ids)), refuse=False)
 
+    def send_kv(self, request_id: str, dst: int, tag: int) -> None:
+        self._post(SendKV(request_id, dst, tag), refuse=False)
+
     async def get_output(self) -> EngineStepOutputs:
         item = await self._outputs.get()
         if isinstance(item, EngineDeadError):
@@ -96,7 +102,7 @@ class InprocClient:
             self._stopping = True
             self._cond.notify()
 
-    def _post(self, message: AddRequest | AbortRequests, refuse: bool) -> None:
+    def _post(self, message: AddRequest | AbortRequests | SendKV, refuse: bool) -> None:
         with self._cond:
             if self._closed_error is not None or self._thread is None:
                 if refuse:
@@ -111,6 +117,9 @@ class InprocClient:
             while True:
                 with self._cond:
                     while not self._inbox and not self._stopping and not engine_loop.has_work():
+                        if engine_loop.has_pending_kv():  # transfers finish on their own threads
+                            self._cond.wait(0.001)
+                            break
                         self._cond.wait()
                     inbox, self._inbox = self._inbox, []
                     if self._stopping:

@@ -13,8 +13,8 @@ import time
 from typing import TYPE_CHECKING
 
 from servelab.engine.core_protocol import (AbortRequests, AddRequest, EngineReady, EngineStepOutputs,
-                                           RequestError)
-from servelab.metrics.events import FinishedRequest, StepSample
+                                           RequestError, SendKV)
+from servelab.metrics.events import FinishedRequest, KVTransferSample, StepSample
 from servelab.metrics.request_stats import RequestTiming
 from servelab.outputs import RequestOutput
 
@@ -34,19 +34,36 @@ class EngineLoop:
 
     def ready(self, pid: int) -> EngineReady:
         engine = self.engine
-        return EngineReady(self.engine_index, pid, engine.limits, engine.eos_token_ids, tuple(engine.executor.weight_bytes_per_rank))
+        return EngineReady(self.engine_index, pid, engine.limits, engine.eos_token_ids,
+                           tuple(engine.executor.weight_bytes_per_rank), engine.kv_role)
 
     def has_work(self) -> bool:
         return self.engine.has_unfinished_requests()
 
-    def run_once(self, inputs: list[AddRequest | AbortRequests]) -> EngineStepOutputs | None:
-        """Apply inputs, step if there is work; None when neither happened."""
-        if not inputs and not self.has_work():
+    def has_pending_kv(self) -> bool:
+        """KV transfers on the wire (or received, waiting for blocks): poll again soon even when idle."""
+        return self.engine.has_pending_kv()
+
+    def run_once(self, inputs: list[AddRequest | AbortRequests | SendKV]) -> EngineStepOutputs | None:
+        """Apply inputs and finished KV transfers, step if there is work; None when nothing happened."""
+        kv = self.engine.poll_kv()
+        if not inputs and not self.has_work() and not kv.transfers:
             return None
         out = EngineStepOutputs(self.engine_index, self.engine.get_state(), 0.0)
+        for done in kv.transfers:
+            if done.is_send:
+                out.kv_transfers.append(KVTransferSample(done.request_id, done.num_bytes, done.seconds, done.ok))
+        for request_id, message in kv.failed:
+            token_times = self._token_times.pop(request_id, None)
+            if token_times is not None:
+                out.errors.append(RequestError(request_id, message))
+                out.finished.append(_finished_record(request_id, token_times, None, "error"))
         for message in inputs:
             if isinstance(message, AddRequest):
                 self._add(message, out)
+            elif isinstance(message, SendKV):
+                if not self.engine.send_kv(message.request_id, message.dst, message.tag):
+                    logger.warning("no KV held for %s: not sent", message.request_id)
             else:
                 for request_id in message.request_ids:
                     self._abort(request_id, out)
@@ -73,12 +90,17 @@ class EngineLoop:
             logger.exception("adding request %s failed", request.request_id)
             out.errors.append(RequestError(request.request_id, f"the engine could not take the request: {exc}"))
             return
-        self._token_times[request.request_id] = [[] for _ in range(request.sampling_params.n)]
+        kv = request.kv_transfer
+        if kv is not None and kv.do_remote_prefill and kv.first_token_time is not None:
+            self._token_times[request.request_id] = [[kv.first_token_time]]  # sampled on the prefill instance
+        else:
+            self._token_times[request.request_id] = [[] for _ in range(request.sampling_params.n)]
         out.accepted.append(request.request_id)
 
     def _abort(self, request_id: str, out: EngineStepOutputs) -> None:
         token_times = self._token_times.pop(request_id, None)
-        if token_times is None:  # finished already, or never taken
+        if token_times is None:  # finished already (a prefill may still hold its KV), or never taken
+            self.engine.release_kv(request_id)
             return
         outputs = self.engine.abort_request(request_id)
         out.outputs.extend(outputs)

@@ -26,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 # While idle the loop wakes this often to notice that the API server is gone (it then exits).
 IDLE_POLL_MS = 500
+# While only KV transfers are under way (on their own threads), how often the loop looks for finished ones.
+KV_POLL_MS = 1
 # On Shutdown, how long the last outputs may take to leave before the socket is dropped.
 OUTPUT_LINGER_MS = 1000
 
@@ -89,12 +91,13 @@ def run_engine_core(factory: EngineFactory, engine_index: int, input_address: st
 def _busy_loop(loop: EngineLoop, inputs: zmq.Socket, outputs: zmq.Socket, codec: Codec, parent_pid: int) -> int:
     while True:
         # Block while idle (bounded, to notice an orphaned core); between steps only take what is there.
-        timeout = 0 if loop.has_work() else IDLE_POLL_MS
+        timeout = 0 if loop.has_work() else KV_POLL_MS if loop.has_pending_kv() else IDLE_POLL_MS
         messages = []
         while inputs.poll(timeout):
             messages.append(codec.decode_input(inputs.recv()))
             timeout = 0
         if any(isinstance(m, Shutdown) for m in messages) or os.getppid() != parent_pid:
+            loop.engine.shutdown_kv()
             return 0
         result = loop.run_once(messages)
         if result is not None:

@@ -1,6 +1,6 @@
 """The typed messages between the API server and an engine core, and their msgpack codec.
 
-API -> core: AddRequest | AbortRequests | Shutdown. Core -> API: EngineReady (or EngineStartupFailed) once,
+API -> core: AddRequest | AbortRequests | SendKV | Shutdown. Core -> API: EngineReady (or EngineStartupFailed) once,
 then one EngineStepOutputs per loop iteration. Tagged msgspec Structs around the engine's own value types
 (EngineCoreRequest, RequestOutput, EngineState ...), so a message names its type and never a method to
 call, and decoding checks every field's type."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from servelab.core.messages import EngineCoreRequest, EngineLimits
-from servelab.metrics.events import EngineState, FinishedRequest, StepSample
+from servelab.metrics.events import EngineState, FinishedRequest, KVTransferSample, StepSample
 from servelab.outputs import RequestOutput
 
 
@@ -22,11 +22,19 @@ class AbortRequests(msgspec.Struct, tag=True):
     request_ids: list[str]
 
 
+class SendKV(msgspec.Struct, tag=True):
+    """Disaggregated prefill/decode: send this finished prefill's held KV blocks to engine `dst` as
+    transfer `tag` (the decode instance got the request with the same tag)."""
+    request_id: str
+    dst: int
+    tag: int
+
+
 class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
-EngineInput = AddRequest | AbortRequests | Shutdown
+EngineInput = AddRequest | AbortRequests | SendKV | Shutdown
 
 
 # ---- engine core -> API server
@@ -38,6 +46,7 @@ class EngineReady(msgspec.Struct, tag=True):
     limits: EngineLimits
     eos_token_ids: tuple[int, ...]
     weight_bytes_per_rank: tuple[int, ...]  # one entry per tensor-parallel rank
+    kv_role: str = ""  # "kv_producer" (prefill) | "kv_consumer" (decode) under --disaggregate
 
 
 class EngineStartupFailed(msgspec.Struct, tag=True):
@@ -65,6 +74,7 @@ class EngineStepOutputs(msgspec.Struct, tag=True):
     outputs: list[RequestOutput] = []
     step: StepSample | None = None
     finished: list[FinishedRequest] = []
+    kv_transfers: list[KVTransferSample] = []  # KV blocks this core sent
 
 
 EngineOutput = EngineReady | EngineStartupFailed | EngineStepOutputs

@@ -22,7 +22,7 @@ from servelab.core.messages import EngineCoreRequest
 from servelab.engine.core_client import EngineDeadError
 from servelab.engine.core_process import EngineFactory, run_engine_core
 from servelab.engine.core_protocol import (AbortRequests, AddRequest, Codec, EngineReady, EngineStartupFailed,
-                                           EngineStepOutputs, Shutdown)
+                                           EngineStepOutputs, SendKV, Shutdown)
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,10 @@ class MPClient:
     def abort_requests(self, request_ids: list[str]) -> None:
         self._send(AbortRequests(list(request_ids)))
 
+    def send_kv(self, request_id: str, dst: int, tag: int) -> None:
+        """Disaggregated prefill/decode: hand a finished prefill's KV to engine dst (see SendKV)."""
+        self._send(SendKV(request_id, dst, tag))
+
     def _send(self, message) -> bool:
         if self._closed or not self.process.is_alive():
             return False
@@ -137,14 +141,15 @@ class MPClient:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def launch_engine_cores(factory: EngineFactory, num_engines: int, log_level: str = "INFO",
+def launch_engine_cores(factory: EngineFactory | list[EngineFactory], num_engines: int, log_level: str = "INFO",
                         timeout: float = STARTUP_TIMEOUT_S) -> list[MPClient]:
-    """Start num_engines core processes at once and wait until each is ready; on any failure every one
-    started is stopped before the error propagates."""
+    """Start num_engines core processes at once (core i built by factory, or by factory[i]) and wait until
+    each is ready; on any failure every one started is stopped before the error propagates."""
+    factories = factory if isinstance(factory, list) else [factory] * num_engines
     clients: list[MPClient] = []
     try:
         for index in range(num_engines):
-            clients.append(MPClient(factory, index, log_level))
+            clients.append(MPClient(factories[index], index, log_level))
         for client in clients:
             client.wait_ready(timeout)
     except BaseException:

@@ -98,8 +98,15 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--data-parallel-size must be >= 1, got {engine_args.data_parallel_size}")
     if engine_args.engine_in_process and engine_args.data_parallel_size > 1:
         raise ValueError("--engine-in-process runs one engine: it cannot be combined with --data-parallel-size > 1")
+    if engine_args.disaggregate is not None:
+        from servelab.config import parse_disaggregate
+
+        parse_disaggregate(engine_args.disaggregate)
+        if engine_args.engine_in_process or engine_args.data_parallel_size > 1 or engine_args.tensor_parallel_size > 1:
+            raise ValueError("--disaggregate P:D runs P + D single-rank engine-core processes: it cannot be combined "
+                             "with --engine-in-process, --data-parallel-size or --tensor-parallel-size")
     logger.info("loading %s", model or DEFAULT_SERVED_MODEL_NAME)
-    cores, tokenizer = _start_engine_cores(engine_args, args.log_level)
+    cores, tokenizer, rendezvous = _start_engine_cores(engine_args, args.log_level)
     try:
         from servelab.gateway.server import serve
         from servelab.lab.web.routes import build_lab_router
@@ -111,27 +118,45 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         for core in cores:  # engine-core processes are never left behind, however serving ended
             core.close()
+        del rendezvous
 
 
-def _start_engine_cores(engine_args: EngineArgs, log_level: str) -> tuple[list[EngineCoreClient], Tokenizer]:
-    """The engine cores (processes, or one in this process) and the tokenizer the API server uses."""
+def _start_engine_cores(engine_args: EngineArgs, log_level: str) -> tuple[list[EngineCoreClient], Tokenizer, object]:
+    """The engine cores (processes, or one in this process), the tokenizer the API server uses, and what
+    must live as long as the cores (a disaggregated deployment's rendezvous store; else None)."""
     if engine_args.engine_in_process:
         from servelab.engine.core_client import InprocClient
         from servelab.engine.llm_engine import LLMEngine
 
         engine = LLMEngine.from_engine_args(engine_args)
-        return [InprocClient(engine)], engine.tokenizer
+        return [InprocClient(engine)], engine.tokenizer, None
     from servelab.engine.mp_client import launch_engine_cores
     from servelab.engine.core_process import EngineFactory, engine_from_args
     from servelab.model.loader import resolve_model_path
     from servelab.model.tokenizer import Tokenizer
 
     dp = engine_args.data_parallel_size
-    if dp > 1 and engine_args.num_threads is None:
-        # replicas share the machine's cores instead of each taking all of them
-        engine_args = dataclasses.replace(engine_args, num_threads=max(1, (os.cpu_count() or 1) // dp))
+    num_engines = dp
+    if engine_args.disaggregate is not None:
+        from servelab.config import parse_disaggregate
+
+        num_engines = sum(parse_disaggregate(engine_args.disaggregate))
+    if num_engines > 1 and engine_args.num_threads is None:
+        # replicas and instances share the machine's cores instead of each taking all of them
+        engine_args = dataclasses.replace(engine_args, num_threads=max(1, (os.cpu_count() or 1) // num_engines))
     folder = resolve_model_path(engine_args.model)  # converts a GGUF once, here, before the cores read it
     tokenizer = Tokenizer.from_pretrained(folder)
+    if engine_args.disaggregate is not None:
+        from servelab.engine.disagg_launcher import launch_disaggregated
+
+        def factory_for(kv_config):
+            return EngineFactory(engine_from_args, (dataclasses.replace(engine_args, kv_transfer_config=kv_config),))
+
+        deployment = launch_disaggregated(factory_for, *parse_disaggregate(engine_args.disaggregate),
+                                          log_level=log_level)
+        logger.info("engine cores ready: pids %s (prefill: %s)", ", ".join(str(c.pid) for c in deployment.cores),
+                    ", ".join(str(c.pid) for c in deployment.cores if c.info.kv_role == "kv_producer"))
+        return deployment.cores, tokenizer, deployment.store
     cores = launch_engine_cores(EngineFactory(engine_from_args, (engine_args,)), dp, log_level)
     logger.info("engine cores ready: pids %s", ", ".join(str(core.pid) for core in cores))
-    return cores, tokenizer
+    return cores, tokenizer, None

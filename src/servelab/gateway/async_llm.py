@@ -11,16 +11,24 @@ KV blocks are back in the pool when its final ("abort") output is delivered. A s
 every request of that core with EngineStepError; the core keeps serving. A core that dies (crash,
 kill -9, OOM) fails every request in flight with EngineDeadError and refuses new ones; `dead` is set so
 the server can exit and be restarted.
+
+Disaggregated prefill/decode (cores announcing kv_producer / kv_consumer roles): a request goes to the
+least loaded prefill core with max_tokens 1, and its blocks are held there after its first token, which
+streams at once. Then the least loaded decode core gets the request with that token and a transfer tag,
+and the prefill core is told to send the blocks to it under the same tag (KVHandoff). An abort reaches
+both; blocks on the wire are freed on both sides when the transfer ends.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import itertools
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Callable, Sequence
 
-from servelab.core.messages import EngineCoreRequest, EngineLimits
+from servelab.core.messages import EngineCoreRequest, EngineLimits, KVTransferParams
+from servelab.core.plan import SampledToken
 from servelab.engine.core_client import EngineCoreClient, EngineDeadError, EngineStepError
 from servelab.engine.core_protocol import EngineStepOutputs
 from servelab.engine.input_processor import InputProcessor, PromptType
@@ -44,6 +52,10 @@ class _Tracked:
     accepted: bool = False
     # delivered instead of the final "abort" snapshot (shutdown, a gateway-side failure)
     abort_error: BaseException | None = None
+    # disaggregated: the request for the decode core, until its prefill is handed off
+    decode_request: EngineCoreRequest | None = None
+    prefill_index: int | None = None  # the prefill core, once handed off (it may still be sending)
+    aborting: bool = False
 
 
 class AsyncLLM:
@@ -58,6 +70,13 @@ class AsyncLLM:
         self.weight_bytes = sum(infos[0].weight_bytes_per_rank)
         self._on_events = on_events
         self._loads = EngineLoads(len(self.cores))
+        roles = [getattr(i, "kv_role", "") for i in infos]
+        self.prefill_indices = [i for i, role in enumerate(roles) if role == "kv_producer"]
+        self.decode_indices = [i for i, role in enumerate(roles) if role == "kv_consumer"]
+        self.disaggregated = bool(self.prefill_indices)
+        if self.disaggregated != bool(self.decode_indices):
+            raise ValueError("a disaggregated deployment needs both prefill and decode engine cores")
+        self._kv_tags = itertools.count(1)
         self._tracked: dict[str, _Tracked] = {}
         self._tasks: list[asyncio.Task] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -120,14 +139,24 @@ class AsyncLLM:
         if request.request_id in self._tracked:
             stream.on_error(ValueError(f"duplicate request id {request.request_id!r}"))
             return stream
-        index = self._loads.pick()
+        decode_request = None
+        if self.disaggregated:
+            if request.sampling_params.n != 1:
+                stream.on_error(ValueError("n > 1 is not supported with --disaggregate"))
+                return stream
+            index = self._loads.pick(self.prefill_indices)
+            if request.max_tokens > 1:
+                decode_request = request
+                request = replace(request, max_tokens=1, kv_transfer=KVTransferParams(do_remote_decode=True))
+        else:
+            index = self._loads.pick()
         num_requests = request.sampling_params.n
         try:
             self.cores[index].add_request(request)
         except EngineDeadError as exc:
             stream.on_error(exc)
             return stream
-        self._tracked[request.request_id] = _Tracked(stream, index, num_requests)
+        self._tracked[request.request_id] = _Tracked(stream, index, num_requests, decode_request=decode_request)
         self._loads.sent(index, num_requests)
         return stream
 
@@ -167,7 +196,10 @@ class AsyncLLM:
                 continue
             if error is not None:
                 tracked.abort_error = error
+            tracked.aborting = True
             by_engine[tracked.engine_index].append(request_id)
+            if tracked.prefill_index is not None:  # it may still be sending (it then frees after the send)
+                by_engine[tracked.prefill_index].append(request_id)
         for index, ids in by_engine.items():
             self.cores[index].abort_requests(ids)
 
@@ -197,10 +229,15 @@ class AsyncLLM:
             if not t.accepted:
                 self._loads.answered(index, t.num_requests)
             t.stream.on_error(ValueError(error.message) if error.invalid else EngineStepError(error.message))
+        handed_off = set()
         for output in out.outputs:
             t = tracked.get(output.request_id)
             if t is None:
                 continue
+            if t.decode_request is not None and output.finished:
+                if self._hand_off(t, output, out.output_time):
+                    handed_off.add(output.request_id)
+                    continue
             if output.finished:
                 del tracked[output.request_id]
                 if t.abort_error is not None and any(c.finish_reason == "abort" for c in output.outputs):
@@ -210,7 +247,41 @@ class AsyncLLM:
             t.stream.on_output(output, out.output_time if has_tokens else None)
         self._loads.report(index, out.state)
         if self._on_events is not None:
-            self._on_events(EngineEvents(out.state, out.step, out.finished, engine_index=index))
+            finished = [f for f in out.finished if f.request_id not in handed_off] if handed_off else out.finished
+            self._on_events(EngineEvents(out.state, out.step, finished, engine_index=index,
+                                         kv_transfers=out.kv_transfers))
+
+    def _hand_off(self, t: _Tracked, output: RequestOutput, output_time: float) -> bool:
+        """A prefill finished with its first token: send the request to the least loaded decode core and
+        tell the prefill core to send it the KV. False when it ends here instead (a stop, an abort)."""
+        request, t.decode_request = t.decode_request, None
+        completion = output.outputs[0]
+        prefill = t.engine_index
+        if completion.finish_reason != "length" or t.aborting:
+            return False  # the prefill core freed (or, on the abort it got, frees) the blocks
+        decode = self._loads.pick(self.decode_indices)
+        tag = next(self._kv_tags)
+        logprob = completion.logprobs[0] if completion.logprobs else None
+        first = SampledToken(completion.token_ids[0], logprob.logprob if logprob else None,
+                             logprob.top_logprobs if logprob else None)
+        metrics = output.metrics
+        params = KVTransferParams(do_remote_prefill=True, remote_engine=prefill, tag=tag, first_token=first,
+                                  first_scheduled_time=metrics.first_scheduled_time if metrics else None,
+                                  first_token_time=metrics.first_token_time if metrics else None)
+        try:
+            self.cores[decode].add_request(replace(request, kv_transfer=params))
+        except EngineDeadError as exc:
+            self.cores[prefill].abort_requests([request.request_id])
+            del self._tracked[request.request_id]
+            t.stream.on_error(exc)
+            return True
+        self.cores[prefill].send_kv(request.request_id, decode, tag)
+        t.engine_index, t.prefill_index = decode, prefill
+        t.accepted = False  # until the decode core takes it (its load counts it as in transit meanwhile)
+        self._loads.sent(decode, 1)
+        running = replace(completion, finish_reason=None, stop_reason=None)
+        t.stream.on_output(replace(output, outputs=[running], finished=False), output_time)
+        return True
 
     def _on_dead(self, index: int, error: EngineDeadError) -> None:
         if self._closed:  # stopping on purpose
@@ -219,7 +290,8 @@ class AsyncLLM:
         if self.dead_error is None:
             self.dead_error = error
         survivors = [i for i, task in enumerate(self._tasks) if i != index and not task.done()]
-        self.abort_many([r for r, t in self._tracked.items() if t.engine_index in survivors])
+        self.abort_many([r for r, t in self._tracked.items()
+                         if t.engine_index in survivors or t.prefill_index in survivors])
         self._fail_all(EngineDeadError(str(error)))
         self.dead.set()
 

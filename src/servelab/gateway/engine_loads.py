@@ -16,8 +16,9 @@ class EngineLoads:
     def load(self, index: int) -> int:
         return self._reported[index] + self._in_transit[index]
 
-    def pick(self) -> int:
-        return min(range(len(self._reported)), key=self.load)
+    def pick(self, among: list[int] | None = None) -> int:
+        """The least loaded core (of `among`, e.g. the prefill instances; of all when None)."""
+        return min(range(len(self._reported)) if among is None else among, key=self.load)
 
     def sent(self, index: int, num_requests: int) -> None:
         self._in_transit[index] += num_requests

@@ -38,6 +38,15 @@ class FinishedRequest:
 
 
 @dataclass(frozen=True)
+class KVTransferSample:
+    """One request's KV blocks moved between instances (disaggregated prefill/decode), as its sender saw it."""
+    request_id: str
+    num_bytes: int
+    seconds: float
+    ok: bool = True
+
+
+@dataclass(frozen=True)
 class EngineEvents:
     """One engine loop iteration of one engine core: the state after it, the step it ran (if any), who
     finished."""
@@ -45,3 +54,4 @@ class EngineEvents:
     step: StepSample | None = None
     finished: list[FinishedRequest] = field(default_factory=list)
     engine_index: int = 0
+    kv_transfers: list[KVTransferSample] = field(default_factory=list)

@@ -59,6 +59,8 @@ class MetricsRecorder:
             m.record_step(events.step, events.engine_index)
         for request in events.finished:
             m.record_finished(request)
+        for transfer in events.kv_transfers:
+            m.record_kv_transfer(transfer, events.engine_index)
         now = time.monotonic()
         with self._lock:
             self._states[events.engine_index] = events.state

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from servelab.metrics.events import EngineState, FinishedRequest, StepSample
+from servelab.metrics.events import EngineState, FinishedRequest, KVTransferSample, StepSample
 
 PREFIX = "servelab:"
 # vLLM's buckets, so dashboards built for it read the same.
@@ -17,6 +17,9 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+KV_TRANSFER_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                               10.0)
+KV_TRANSFER_BYTES_BUCKETS = tuple(2 ** e for e in range(16, 33, 2))  # 64 KiB .. 4 GiB
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 
 
@@ -115,6 +118,15 @@ class ServerMetrics:
         self.kv_cache_num_blocks = gauge("kv_cache_num_blocks", "KV cache pool size in blocks.", engine)
         self.kv_cache_num_free_blocks = gauge("kv_cache_num_free_blocks", "Free KV cache blocks.", engine)
         self.weight_bytes = gauge("weight_bytes", "Model weight bytes held per device.", ["device"])
+        # disaggregated prefill/decode: labelled by the sending (prefill) engine
+        self.kv_transfer_bytes = counter("kv_transfer_bytes", "KV cache bytes sent to decode instances.", engine)
+        self.kv_transfer_failures = counter("kv_transfer_failures", "KV transfers that failed.", engine)
+        self.kv_transfer_time = histogram("kv_transfer_time_seconds",
+                                          "Histogram of the time one request's KV blocks took to send, in seconds.",
+                                          KV_TRANSFER_SECONDS_BUCKETS, engine)
+        self.request_kv_transfer_bytes = histogram("request_kv_transfer_bytes",
+                                                   "Histogram of the KV bytes sent per request.",
+                                                   KV_TRANSFER_BYTES_BUCKETS, engine)
         self.num_requests_queued = gauge("num_requests_queued",
                                          "Requests admitted by the gateway that have no first token yet.")
         self.num_requests_rejected = counter("num_requests_rejected",
@@ -187,6 +199,15 @@ class ServerMetrics:
             for gap in t.itls:
                 itl.observe(gap)
                 tpot.observe(gap)
+
+    def record_kv_transfer(self, transfer: KVTransferSample, engine_index: int) -> None:
+        labels = (self.model_name, str(engine_index))
+        if not transfer.ok:
+            self.kv_transfer_failures.labels(*labels).inc()
+            return
+        self.kv_transfer_bytes.labels(*labels).inc(transfer.num_bytes)
+        self.kv_transfer_time.labels(*labels).observe(transfer.seconds)
+        self.request_kv_transfer_bytes.labels(*labels).observe(transfer.num_bytes)
 
     def record_rejected(self, reason: str) -> None:
         self.num_requests_rejected.labels(self.model_name, reason).inc()
