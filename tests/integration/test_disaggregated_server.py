@@ -1,0 +1,133 @@
+"""`servelab serve --disaggregate P:D` for real: engine-core processes for prefill and decode, the KV blocks
+sent between them over torch.distributed (gloo) point-to-point. Greedy outputs of the default model in fp32
+are token-identical to a colocated `-tp 1` server's; a flood with random client disconnects leaves no KV
+block used on any instance; a decode instance killed with SIGKILL mid-stream ends the stream with an
+`engine_dead` error event, /health answers 503 and the server exits 1, leaving no process behind."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+
+import httpx
+import pytest
+
+from server_helpers import TINY_ENGINE_FLAGS, children, metric_values, parse_sse, wait_for_metrics, wait_gone
+
+GRACE_S = 5.0
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+           "The three primary colors are", "To make a cup of tea, first", "Water boils at a temperature of",
+           "The largest planet in our solar system is", "In machine learning, a neural network"]
+
+
+def engine_pids(server) -> tuple[list[int], list[int]]:
+    """(every engine core, the prefill ones)."""
+    match = re.search(r"engine cores ready: pids ([\d, ]+) \(prefill: ([\d, ]+)\)", server.log())
+    assert match, server.log()
+    return [int(p) for p in match.group(1).split(", ")], [int(p) for p in match.group(2).split(", ")]
+
+
+def greedy_texts(url: str, max_tokens: int = 24) -> list[tuple[str, int]]:
+    async def one(http: httpx.AsyncClient, prompt: str) -> tuple[str, int]:
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+        response = await http.post(f"{url}/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        data = response.json()
+        return data["choices"][0]["text"], data["usage"]["completion_tokens"]
+
+    async def run_all():
+        async with httpx.AsyncClient(timeout=300) as http:
+            return await asyncio.gather(*(one(http, p) for p in PROMPTS))
+
+    return asyncio.run(run_all())
+
+
+def idle_everywhere(num_engines: int):
+    def idle(v: dict) -> bool:
+        return all(v[f"servelab:{name}{{engine={i}}}"] == 0 for i in range(num_engines)
+                   for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"))
+    return idle
+
+
+@pytest.mark.slow
+def test_disaggregated_greedy_output_is_token_identical_to_colocated(start_server):
+    flags = ("--dtype", "float32", "--num-threads", "1", "--num-kv-blocks", "256")
+    colocated = start_server(None, *flags, "-tp", "1")
+    expected = greedy_texts(colocated.url)
+    colocated.stop()
+    server = start_server(None, *flags, "--disaggregate", "1:1")
+    assert greedy_texts(server.url) == expected
+    assert all(n == 24 for _, n in expected)
+    values = wait_for_metrics(server.url, idle_everywhere(2))
+    # every prompt went 0 -> 1: the first token on the prefill instance, the rest on the decode instance
+    assert values["servelab:generation_tokens_total{engine=0}"] == len(PROMPTS)
+    assert values["servelab:generation_tokens_total{engine=1}"] == 23 * len(PROMPTS)
+    assert values["servelab:kv_transfer_time_seconds_count{engine=0}"] == len(PROMPTS)
+    # whole blocks move: 16 tokens x 30 layers x K,V x 3 KV heads x 64 x 4 bytes each
+    assert values["servelab:kv_transfer_bytes_total{engine=0}"] % (16 * 30 * 2 * 3 * 64 * 4) == 0
+    assert values["servelab:kv_transfer_bytes_total{engine=0}"] >= len(PROMPTS) * 16 * 30 * 2 * 3 * 64 * 4
+    for i in (0, 1):
+        assert values[f"servelab:kv_cache_num_free_blocks{{engine={i}}}"] == 256
+
+
+@pytest.fixture(scope="module")
+def pd12(start_server, tiny_llama_dir):
+    server = start_server(tiny_llama_dir, *TINY_ENGINE_FLAGS, "--disaggregate", "1:2", "--max-num-seqs", "8")
+    yield server
+    server.stop()
+
+
+def test_flood_with_random_disconnects_leaves_no_block_used_on_any_instance(pd12):
+    rng = random.Random(0)
+    leave_after = [rng.choice([1, 2, 5, None]) for _ in range(32)]
+
+    async def one(http: httpx.AsyncClient, i: int) -> None:
+        body = {"prompt": f"Flood {i} goes " * (1 + i % 6), "max_tokens": 40, "ignore_eos": True, "stream": True}
+        async with http.stream("POST", f"{pd12.url}/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            seen = 0
+            async for line in response.aiter_lines():
+                seen += line.startswith("data: ")
+                if seen == leave_after[i]:
+                    return  # the client goes away mid-stream
+
+    async def flood():
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=32)) as http:
+            await asyncio.gather(*(one(http, i) for i in range(32)))
+
+    asyncio.run(flood())
+    values = wait_for_metrics(pd12.url, idle_everywhere(3))
+    for i in (0, 1, 2):
+        assert values[f"servelab:kv_cache_num_free_blocks{{engine={i}}}"] == \
+            values[f"servelab:kv_cache_num_blocks{{engine={i}}}"]
+    assert values["servelab:request_success_total{finished_reason=abort}"] >= leave_after.count(1)
+    assert values["servelab:kv_transfer_time_seconds_count{engine=0}"] >= leave_after.count(None)
+    assert all(values[f"servelab:generation_tokens_total{{engine={i}}}"] > 0 for i in (1, 2))
+
+
+def test_killed_decode_instance_ends_the_stream_and_the_server_exits_1(start_server, tiny_llama_dir):
+    server = start_server(tiny_llama_dir, *TINY_ENGINE_FLAGS, "--disaggregate", "1:1",
+                          "--shutdown-grace", str(GRACE_S))
+    engines, prefill = engine_pids(server)
+    [decode] = [p for p in engines if p not in prefill]
+    processes = children(server.proc.pid)
+    assert set(engines) <= set(processes)
+    body = {"prompt": "Keep talking", "max_tokens": 480, "ignore_eos": True, "stream": True}
+    lines = []
+    with httpx.Client(timeout=30) as http:  # the bound on how long the stream may take to end
+        with http.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+            for line in response.iter_lines():
+                lines.append(line)
+                if sum(x.startswith("data: ") for x in lines) == 5:  # well into decoding on the decode instance
+                    os.kill(decode, signal.SIGKILL)
+    payloads = parse_sse("".join(f"{line}\n" if line else "\n" for line in lines))
+    assert payloads[-1] == "[DONE]"
+    error = json.loads(payloads[-2])["error"]
+    assert error["code"] == "engine_dead" and "killed by signal 9" in error["message"], error
+    health = httpx.get(f"{server.url}/health", timeout=10)
+    assert health.status_code == 503 and "killed by signal 9" in health.json()["error"]["message"]
+    assert server.proc.wait(timeout=GRACE_S + 20) == 1
+    assert wait_gone(processes) == []
