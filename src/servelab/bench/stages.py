@@ -1,5 +1,6 @@
 """`servelab bench stages`: the evolution path, measured. Starts `servelab serve` once per stage
-(1 serial, 2 static batching, 3 continuous batching + paged KV) on the same model, sends each the same
+(1 serial, 2 static batching, 3 continuous batching + paged KV, 5 prefill/decode disaggregated 1:1) on
+the same model, sends each the same
 seeded workload with `bench serve`'s client, stops it, and writes one comparison table and plot.
 
 Every stage gets the same --max-num-seqs (serial ignores it) and --server-args, `--request-timeout 0`
@@ -23,8 +24,11 @@ from servelab.bench.loadgen import ClientConfig, first_model_id
 from servelab.bench.serve import (add_output_args, add_request_args, add_workload_args, parse_goodput,
                                   requests_from_args, run_benchmark)
 
-STAGES = ("serial", "static", "continuous")
-STAGE_LABELS = {"serial": "1 serial", "static": "2 static batching", "continuous": "3 continuous + paged"}
+STAGES = ("serial", "static", "continuous", "disaggregated")
+STAGE_LABELS = {"serial": "1 serial", "static": "2 static batching", "continuous": "3 continuous + paged",
+                "disaggregated": "5 disaggregated 1:1"}
+# Stages past 3 run continuous batching plus the flags that make them.
+STAGE_FLAGS = {"disaggregated": ["--disaggregate", "1:1"]}
 BANNER = re.compile(r"servelab: serving \S+ at (http://\S+)/v1 ")
 PREEMPTIONS = re.compile(r"^servelab:num_preemptions_total\{[^}]*\} (\S+)$", re.MULTILINE)
 
@@ -70,7 +74,7 @@ class ServelabServer(ServerProcess):
 def add_parser(sub) -> None:
     p = sub.add_parser("stages", help="serve the same model in each evolution stage, same workload, compare")
     p.add_argument("--model", default=None, help="model folder or .gguf (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from serial,static,continuous")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, from {','.join(STAGES)}")
     p.add_argument("--max-num-seqs", type=int, default=32, help="batch slots of the static and continuous stages")
     p.add_argument("--server-args", default="", help='more `servelab serve` flags for every stage, e.g. '
                    '--server-args="--dtype float32 --num-threads 2"')
@@ -87,7 +91,7 @@ def add_parser(sub) -> None:
 
 
 def stage_flags(stage: str, max_num_seqs: int, num_prompts: int, server_args: str) -> list[str]:
-    flags = ["--schedule", stage]
+    flags = ["--schedule", "continuous", *STAGE_FLAGS[stage]] if stage in STAGE_FLAGS else ["--schedule", stage]
     if stage != "serial":
         flags += ["--max-num-seqs", str(max_num_seqs)]
     # Room for the whole workload in the queue and no request timeout: the serial stage's queue is long.
@@ -161,6 +165,9 @@ def ratios(runs: list[dict]) -> dict:
                                                                    / by[other]["output_throughput"])
         if "static" in by:
             out["continuous_vs_static_p99_ttft"] = by["continuous"]["p99_ttft_ms"] / by["static"]["p99_ttft_ms"]
+        if "disaggregated" in by:
+            out["disaggregated_vs_continuous_output_throughput"] = (by["disaggregated"]["output_throughput"]
+                                                                    / by["continuous"]["output_throughput"])
     return out
 
 
