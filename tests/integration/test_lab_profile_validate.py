@@ -44,6 +44,11 @@ def test_profile_saves_a_fitted_profile(profiled):
     assert arrival["ttft_ms"] > 0 and arrival["predicted_prefill_ms"] > 0
     assert e["arrival_overhead_s"] == pytest.approx(max(0.0, (arrival["ttft_ms"] - arrival["predicted_prefill_ms"]) / 1e3))
     assert fit["model_shape"][:3] == [64, 128, 2]  # tests/conftest.py TINY_DIMS: hidden, intermediate, layers
+    # KV handoffs between two processes: whole blocks of the tiny model, 1 to 64 of them
+    kv = data["kv_transfer"]
+    assert [b for b, _ in kv["samples"]] == [n * kv["bytes_per_block"] for n in (1, 2, 4, 8, 16, 32, 64)]
+    assert all(s > 0 for _, s in kv["samples"]) and kv["bytes_per_s"] > 0 and kv["latency_s"] >= 0
+    assert "KV transfer between two processes" in out.stdout
 
 
 def test_local_cpu_simulates_the_profiled_model_only(profiled, tiny_llama_dir):
@@ -59,12 +64,12 @@ def test_local_cpu_simulates_the_profiled_model_only(profiled, tiny_llama_dir):
 
 def test_validate_compares_real_and_simulated(profiled, tiny_llama_dir, tmp_path):
     env, _, _ = profiled
-    out = servelab("lab", "validate", "--model", str(tiny_llama_dir), "--stages", "serial,continuous",
+    out = servelab("lab", "validate", "--model", str(tiny_llama_dir), "--stages", "serial,continuous,disaggregated",
                    "--max-num-seqs", "4", "--num-prompts", "6", "--input-len", "16", "--output-len", "8",
                    "--request-rate", "inf", "--json", "--result-dir", str(tmp_path), "--name", "v", env=env)
     assert out.returncode in (0, 1), out.stderr[-3000:]
     payload = json.loads(out.stdout)
-    assert [s["stage"] for s in payload["stages"]] == ["1 serial", "3 continuous + paged"]
+    assert [s["stage"] for s in payload["stages"]] == ["1 serial", "3 continuous + paged", "5 disaggregated 1:1"]
     worst = 0.0
     for stage in payload["stages"]:
         real, sim, err = stage["real"], stage["simulated"], stage["error"]

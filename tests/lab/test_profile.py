@@ -60,3 +60,38 @@ def test_local_cpu_refuses_a_model_it_did_not_measure(tmp_path, monkeypatch, cap
     save_cpu_profile(make_profile())
     code = main(["simulate", "--model", "llama-3.1-8b", "--gpu", LOCAL_CPU, "--num-prompts", "2"])
     assert code == 2 and "measured with smollm2-135m, not Llama-3.1-8B" in capsys.readouterr().err
+
+
+def test_kv_transfer_figures_round_trip_and_are_required_for_stage_5(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    monkeypatch.setenv("SERVELAB_CACHE_DIR", str(tmp_path))
+    save_cpu_profile(make_profile())
+    with pytest.raises(ValueError, match="no KV-transfer figures"):
+        load_cpu_profile().kv_transfer_link
+    kv = {"latency_s": 2e-4, "bytes_per_s": 1.5e9, "bytes_per_block": 368640, "samples": [[368640, 5e-4]]}
+    save_cpu_profile(replace(make_profile(), kv_transfer=kv))
+    assert load_cpu_profile().kv_transfer_link == (2e-4, 1.5e9)
+
+
+def test_stage_5_simulation_prices_the_measured_link_on_shared_cores():
+    from dataclasses import replace
+
+    from servelab.lab.calibrate.validate import shared_cores, simulated_metrics
+    from servelab.workload import WorkloadConfig
+
+    e = shared_cores(make_profile().efficiency, 2)
+    assert e.layers_curve.ys == (0.040, 0.060, 0.600) and e.lm_head_curve.ys == (0.008, 0.180)
+    assert e.attention == 0.2 and e.kv_memory == 0.3 and e.step_overhead_s == 2e-3
+    spec = get_model("smollm2-135m")
+    config = WorkloadConfig(num_prompts=12, input_len=64, output_len=8, request_rate=0.2, seed=0)
+    fast = replace(make_profile(), kv_transfer={"latency_s": 0.0, "bytes_per_s": 1e12})
+    slow = replace(make_profile(), kv_transfer={"latency_s": 1.0, "bytes_per_s": 1e12})
+    m_fast = simulated_metrics(fast, spec, "disaggregated", 8, config)
+    m_slow = simulated_metrics(slow, spec, "disaggregated", 8, config)
+    # the first token comes from the prefill instance; the handoff delays the second one by its latency
+    assert m_slow["median_ttft_ms"] == pytest.approx(m_fast["median_ttft_ms"])
+    assert m_slow["median_e2el_ms"] - m_fast["median_e2el_ms"] == pytest.approx(1000, abs=1)
+    colocated = simulated_metrics(fast, spec, "continuous", 8, config)
+    # each instance runs on half the cores: its prefill step takes about twice as long
+    assert m_fast["median_ttft_ms"] > 1.5 * colocated["median_ttft_ms"]

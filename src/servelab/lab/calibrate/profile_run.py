@@ -1,8 +1,10 @@
 """`servelab lab profile`: build the engine `servelab serve` would build with the same flags, time its
-steps, fit the `local-cpu` profile and save it (see step_timing.py, fit.py and serving_overhead.py)."""
+steps, fit the `local-cpu` profile and save it (see step_timing.py, fit.py and serving_overhead.py), with
+this machine's KV-transfer cost between two processes (kv_transfer_timing.py)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from servelab.engine_args import EngineArgs
@@ -16,6 +18,8 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=3, help="runs per step shape; the fastest counts")
     p.add_argument("--quick", action="store_true", help="a smaller grid (a rough profile in a fraction of the time)")
     p.add_argument("--json", action="store_true", help="print the saved profile as JSON")
+    p.add_argument("--kv-transfer-only", action="store_true",
+                   help="only (re)measure the KV-transfer cost and add it to the saved profile")
     p.set_defaults(func=cmd_profile)
 
 
@@ -30,6 +34,37 @@ def profiled_model_spec(model: str | None):
     return get_model(str(resolve_model_path(model)))
 
 
+def measure_kv_transfer_of(spec, dtype: str, block_size: int, repeats: int, log) -> dict:
+    from servelab.lab.calibrate.kv_transfer_timing import measure_kv_transfer
+
+    bytes_per_block = block_size * spec.kv_bytes_per_token(dtype)
+    log(f"timing KV transfers between two processes (gloo send/recv, 1-64 blocks of {bytes_per_block} bytes)")
+    fit = measure_kv_transfer(bytes_per_block, repeats=repeats)
+    return {"latency_s": fit.latency_s, "bytes_per_s": fit.bytes_per_s, "bytes_per_block": bytes_per_block,
+            "samples": [list(s) for s in fit.samples]}
+
+
+def _kv_line(kv: dict) -> str:
+    return (f"  KV transfer between two processes: {kv['latency_s'] * 1e3:.2f} ms + {kv['bytes_per_s'] / 1e9:.2f} GB/s "
+            f"(one block of {kv['bytes_per_block']} bytes: "
+            f"{(kv['latency_s'] + kv['bytes_per_block'] / kv['bytes_per_s']) * 1e3:.2f} ms)")
+
+
+def cmd_profile_kv_transfer(args: argparse.Namespace) -> int:
+    """Add the KV-transfer figures to the saved profile (measured for its model, dtype and block size)."""
+    from servelab.lab.catalog.cpu_profile import load_cpu_profile, save_cpu_profile
+
+    profile = load_cpu_profile()
+    spec = profiled_model_spec(args.model)
+    profile.check_model(spec)
+    log = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    kv = measure_kv_transfer_of(spec, profile.dtype, profile.fit.get("block_size", 16), args.repeats, log)
+    path = save_cpu_profile(dataclasses.replace(profile, kv_transfer=kv))
+    print(f"saved {path}")
+    print(_kv_line(kv))
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     import gc
     import json
@@ -42,6 +77,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.kv_transfer_only:
+        return cmd_profile_kv_transfer(args)
     engine_args = EngineArgs.from_cli_args(args)
     if engine_args.schedule != "continuous":
         raise ValueError("profile the engine with --schedule continuous; the lab selects stages itself")
@@ -60,6 +97,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     gc.collect()
     overhead = measure_serving_overhead(engine_args, fitted_cost_model(fit, spec, config.dtype), progress=log)
     profile = build_profile(config, num_blocks, spec, samples, fit, overhead)
+    kv = measure_kv_transfer_of(spec, config.dtype, config.cache.block_size, args.repeats, log)
+    profile = dataclasses.replace(profile, kv_transfer=kv)
     path = save_cpu_profile(profile)
     if args.json:
         print(json.dumps(profile.to_json(), indent=2))
@@ -74,5 +113,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print("  serving overhead per step: " + ", ".join(f"{y * 1e3:.1f} ms at {x:g} streams"
                                                      for x, y in zip(curve.xs, curve.ys)))
     print(f"  arrival overhead per new request: {e.arrival_overhead_s * 1e3:.1f} ms")
+    print(_kv_line(kv))
     print(f"  now: servelab lab simulate --gpu local-cpu --model {profile.fit['model']} ...")
     return 0

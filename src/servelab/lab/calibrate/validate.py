@@ -1,10 +1,16 @@
 """`servelab lab validate`: does the lab agree with the real engine on this machine?
 
-One seeded workload runs twice per stage (1 serial, 2 static batching, 3 continuous + paged): through
+One seeded workload runs twice per stage (1 serial, 2 static batching, 3 continuous + paged, 5 prefill/
+decode disaggregated 1:1): through
 `servelab serve` and the load generator (as `servelab bench stages` runs it), and in the simulator with
 the `local-cpu` profile (`servelab lab profile`). The same seed gives both the same arrivals and
 lengths. Prints each metric side by side with the simulator's relative error; exit code 1 when a
 checked metric (output tokens/s, median TTFT, median TPOT) is off by more than --tolerance.
+
+Stage 5's simulation: one prefill and one decode instance, KV handoffs priced with the profile's measured
+send (latency + bytes/s), and each instance on its share of the cores (`servelab serve --disaggregate`
+gives each engine core cores / instances torch threads): its measured compute curves stretched by the
+number of instances, a first-order model of two processes splitting the CPU.
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ def add_validate_parser(sub) -> None:
     p = sub.add_parser("validate", help="run one workload on the real engine and in the lab (local-cpu), compare")
     p.add_argument("--model", default=None, help="model folder or .gguf (default: SmolLM2-135M-Instruct); "
                    "the one `servelab lab profile` measured")
-    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from serial,static,continuous")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, from {','.join(STAGES)}")
     p.add_argument("--max-num-seqs", type=int, default=32, help="batch slots of the static and continuous stages")
     p.add_argument("--server-args", default="", help="more `servelab serve` flags for every stage")
     p.add_argument("--server-timeout", type=float, default=600.0, help="seconds a server may take to start")
@@ -43,16 +49,36 @@ def add_validate_parser(sub) -> None:
                    request_rate=1.0)
 
 
+def shared_cores(efficiency, num_instances: int):
+    """The profile's efficiency for one of num_instances engine processes splitting this CPU's cores:
+    what the measured curves and fitted rates price takes num_instances times as long."""
+    from dataclasses import replace
+
+    from servelab.executor.curve import PiecewiseLinear
+
+    def stretch(curve):
+        return None if curve is None else PiecewiseLinear(curve.xs, tuple(y * num_instances for y in curve.ys))
+
+    e = efficiency
+    return replace(e, matmul=e.matmul / num_instances, attention=e.attention / num_instances,
+                   memory=e.memory / num_instances, kv_memory=e.kv_memory / num_instances,
+                   layers_curve=stretch(e.layers_curve), lm_head_curve=stretch(e.lm_head_curve))
+
+
 def simulated_metrics(profile, spec, stage: str, max_num_seqs: int, config) -> dict:
     from servelab.lab.sim.deployment import Deployment
     from servelab.lab.analysis.evaluate import evaluate
     from servelab.workload import generate_workload
 
-    deployment = Deployment(model=spec, device=profile.device, num_gpus=1, schedule=stage,
-                            max_num_seqs=max_num_seqs, max_num_batched_tokens=profile.max_num_batched_tokens,
-                            block_size=profile.fit.get("block_size", 16),
-                            dtype=profile.dtype, efficiency=profile.efficiency,
-                            kv_cache_bytes=profile.kv_cache_bytes)
+    shape = dict(num_gpus=1, schedule=stage, efficiency=profile.efficiency)
+    if stage == "disaggregated":
+        shape = dict(num_gpus=2, schedule="continuous", num_prefill_instances=1, num_decode_instances=1,
+                     router="least-loaded", efficiency=shared_cores(profile.efficiency, 2),
+                     kv_transfer_link=profile.kv_transfer_link)
+    deployment = Deployment(model=spec, device=profile.device, max_num_seqs=max_num_seqs,
+                            max_num_batched_tokens=profile.max_num_batched_tokens,
+                            block_size=profile.fit.get("block_size", 16), dtype=profile.dtype,
+                            kv_cache_bytes=profile.kv_cache_bytes, **shape)
     e = evaluate(deployment, generate_workload(config))
     if not e.fits:
         raise ValueError(f"the workload does not fit the profiled engine: {e.reason}")

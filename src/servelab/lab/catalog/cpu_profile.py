@@ -11,6 +11,7 @@ Stored as JSON at $SERVELAB_CACHE_DIR/lab/local-cpu.json (default ~/.cache/serve
                   "overhead_curve": {"x": [requests...], "seconds": [...]}},
    "kv_cache_bytes": K, "dtype": "bfloat16", "max_num_seqs": S, "max_num_batched_tokens": T,
    "fit": {"model": "smollm2-135m", "num_samples": n, "mean_abs_rel_error": e, ...},
+   "kv_transfer": {"latency_s": l, "bytes_per_s": b, "samples": [[bytes, seconds], ...]},
    "created": "ISO time", "host": "..."}
 
 The two curves price a step's linear layers (measured, see executor/curve.py); device.flops and
@@ -19,6 +20,8 @@ the meters' capacity figures), so matmul and memory efficiencies are 1.0; attent
 fitted fractions of them. overhead_curve is what serving adds to a step of that many requests.
 kv_cache_bytes, max_num_seqs and max_num_batched_tokens are the real engine's settings when profiled,
 so a simulation of local-cpu runs the scheduler with the pool and limits `servelab serve` uses.
+kv_transfer (optional: profiles measured before it lack it) is the torch.distributed point-to-point
+send between two processes that a disaggregated deployment's KV handoff pays.
 """
 from __future__ import annotations
 
@@ -49,6 +52,15 @@ class CpuProfile:
     fit: dict = field(default_factory=dict)
     created: str = ""
     host: str = ""
+    kv_transfer: dict = field(default_factory=dict)  # latency_s, bytes_per_s, samples
+
+    @property
+    def kv_transfer_link(self) -> tuple[float, float]:
+        """(latency_s, bytes_per_s) of one KV handoff between two instances here."""
+        if not self.kv_transfer:
+            raise ValueError("the local-cpu profile has no KV-transfer figures; run `servelab lab profile` "
+                             "(or `servelab lab profile --kv-transfer-only`) again")
+        return float(self.kv_transfer["latency_s"]), float(self.kv_transfer["bytes_per_s"])
 
     def to_json(self) -> dict:
         d = self.device
@@ -60,6 +72,7 @@ class CpuProfile:
             "kv_cache_bytes": self.kv_cache_bytes, "dtype": self.dtype,
             "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
             "fit": self.fit, "created": self.created, "host": self.host,
+            **({"kv_transfer": self.kv_transfer} if self.kv_transfer else {}),
         }
 
     def check_model(self, model: ModelSpec) -> None:
@@ -86,7 +99,8 @@ class CpuProfile:
             return cls(device=device, efficiency=efficiency, kv_cache_bytes=int(data["kv_cache_bytes"]),
                        dtype=data["dtype"], max_num_seqs=int(data["max_num_seqs"]),
                        max_num_batched_tokens=int(data["max_num_batched_tokens"]), fit=dict(data.get("fit", {})),
-                       created=data.get("created", ""), host=data.get("host", ""))
+                       created=data.get("created", ""), host=data.get("host", ""),
+                       kv_transfer=dict(data.get("kv_transfer", {})))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{source or 'CPU profile'} is incomplete ({err}); run `servelab lab profile` again") from None
 

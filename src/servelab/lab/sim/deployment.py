@@ -37,6 +37,8 @@ class Deployment:
     efficiency: Efficiency = field(default=GPU_EFFICIENCY, repr=False)
     # A fixed KV pool per instance (the CPU profile's); None: whatever GPU memory is left.
     kv_cache_bytes: int | None = None
+    # A measured KV handoff link (the CPU profile's): (latency s, bytes/s); None: the device's link.
+    kv_transfer_link: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         tp, m = self.tensor_parallel_size, self.model

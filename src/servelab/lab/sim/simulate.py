@@ -100,6 +100,9 @@ class _Simulation:
         link = (d.device.interconnect_bandwidth_per_direction if d.num_gpus <= d.device.gpus_per_node
                 else d.device.network_bandwidth)
         self.transfer_bytes_per_s = link * KV_TRANSFER_EFFICIENCY * d.tensor_parallel_size
+        self.transfer_latency_s = KV_TRANSFER_LATENCY_S
+        if d.kv_transfer_link is not None:
+            self.transfer_latency_s, self.transfer_bytes_per_s = d.kv_transfer_link
         self.kv_bytes_per_token = d.model.kv_bytes_per_token(d.dtype)
 
     def run(self) -> SimulationResult:
@@ -184,7 +187,7 @@ class _Simulation:
             self.finished[index] = request
             return
         # Prefill done: the decode side admits it with the prompt's KV present (num_computed_tokens = prompt_len).
-        transfer = KV_TRANSFER_LATENCY_S + w.prompt_len * self.kv_bytes_per_token / self.transfer_bytes_per_s
+        transfer = self.transfer_latency_s + w.prompt_len * self.kv_bytes_per_token / self.transfer_bytes_per_s
         target = self.back_balancer.pick()
         handed = Request(request.request_id, request.prompt_token_ids, self.params, w.output_len, (), request.arrival_time)
         handed.output_token_ids = list(request.output_token_ids)
