@@ -53,6 +53,9 @@ class StubExecutor:
     def num_steps(self) -> int:
         return len(self.plans)
 
+    def shutdown(self) -> None:
+        pass
+
     def execute(self, plan: StepPlan) -> StepResult:
         self.plans.append(plan)
         if self.step_delay:

@@ -5,13 +5,15 @@ An iteration applies the inputs that came in (adds and aborts, in order), runs o
 queued or running, and turns what happened into one EngineStepOutputs value: the adds taken or refused,
 the request outputs, the state, the step's sample and the requests that finished (with the time each
 token left the engine, for the latency metrics). A step that raises fails every request in the engine
-(the batch is shared) and the loop keeps serving; anything else that breaks propagates to the runner."""
+(the batch is shared) and the loop keeps serving, unless the executor is gone (ExecutorDeadError: a
+tensor-parallel worker died); that, and anything else that breaks, propagates to the runner."""
 from __future__ import annotations
 
 import logging
 import time
 from typing import TYPE_CHECKING
 
+from servelab.errors import ExecutorDeadError
 from servelab.engine.core_protocol import (AbortRequests, AddRequest, EngineReady, EngineStepOutputs,
                                            RequestError)
 from servelab.metrics.events import FinishedRequest, StepSample
@@ -53,6 +55,8 @@ class EngineLoop:
         if self.has_work():
             try:
                 outputs = self.engine.step()
+            except ExecutorDeadError:
+                raise  # no later step can run: the core stops, and its requests end with engine_dead
             except Exception as exc:
                 logger.exception("engine step failed; failing %d requests", len(self._token_times))
                 self._fail_all(exc, out)

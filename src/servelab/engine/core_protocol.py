@@ -1,7 +1,7 @@
 """The typed messages between the API server and an engine core, and their msgpack codec.
 
 API -> core: AddRequest | AbortRequests | Shutdown. Core -> API: EngineReady (or EngineStartupFailed) once,
-then one EngineStepOutputs per loop iteration. Tagged msgspec Structs around the engine's own value types
+then one EngineStepOutputs per loop iteration, and EngineDead before it exits for a lost executor. Tagged msgspec Structs around the engine's own value types
 (EngineCoreRequest, RequestOutput, EngineState ...), so a message names its type and never a method to
 call, and decoding checks every field's type."""
 from __future__ import annotations
@@ -67,7 +67,13 @@ class EngineStepOutputs(msgspec.Struct, tag=True):
     finished: list[FinishedRequest] = []
 
 
-EngineOutput = EngineReady | EngineStartupFailed | EngineStepOutputs
+class EngineDead(msgspec.Struct, tag=True):
+    """The core's last message when its executor is gone (a tensor-parallel worker died): why, before it exits."""
+    engine_index: int
+    message: str
+
+
+EngineOutput = EngineReady | EngineStartupFailed | EngineStepOutputs | EngineDead
 
 
 class Codec:

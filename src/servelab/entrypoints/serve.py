@@ -94,6 +94,11 @@ def run_serve(args: argparse.Namespace) -> int:
     # (large batches lose ~5%). The user's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     engine_args = EngineArgs.from_cli_args(args)
+    check_node_flags(engine_args)
+    if engine_args.headless:
+        from servelab.executor.headless import run_headless
+
+        return run_headless(engine_args)
     if engine_args.data_parallel_size < 1:
         raise ValueError(f"--data-parallel-size must be >= 1, got {engine_args.data_parallel_size}")
     if engine_args.engine_in_process and engine_args.data_parallel_size > 1:
@@ -111,6 +116,21 @@ def run_serve(args: argparse.Namespace) -> int:
     finally:
         for core in cores:  # engine-core processes are never left behind, however serving ended
             core.close()
+
+
+def check_node_flags(args: EngineArgs) -> None:
+    """The multi-node combinations `servelab serve` refuses before loading anything (ParallelConfig checks
+    the numbers themselves)."""
+    args.parallel_config()
+    if args.node_rank > 0 and not args.headless:
+        raise ValueError(f"--node-rank {args.node_rank} runs only worker ranks: add --headless (node 0 runs the "
+                         "API server and the engine core)")
+    if args.headless and args.node_rank == 0:
+        raise ValueError("--headless is for nodes with --node-rank > 0: node 0 runs the API server and the "
+                         "engine core")
+    if args.nnodes > 1 and args.data_parallel_size > 1:
+        raise ValueError("--nnodes > 1 spreads one engine's tensor-parallel ranks; it cannot be combined with "
+                         "--data-parallel-size > 1")
 
 
 def _start_engine_cores(engine_args: EngineArgs, log_level: str) -> tuple[list[EngineCoreClient], Tokenizer]:
