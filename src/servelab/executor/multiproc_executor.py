@@ -9,6 +9,7 @@ sentinel), and the driver's thread is free to watch them while the ranks compute
 """
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -29,6 +30,8 @@ from servelab.errors import ExecutorDeadError
 from servelab.distributed.messages import (ExecuteStep, GroupReady, Shutdown, StepDone, WorkerFailed, WorkerReady,
                                            WorkerSpec)
 from servelab.executor.tp_worker import run_worker
+logger = logging.getLogger(__name__)
+
 
 def _num_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
@@ -202,6 +205,8 @@ class MultiprocExecutor:
         except BaseException:
             workers.stop(graceful=False)
             raise
+        logger.info("tensor-parallel ranks ready: %s", ", ".join(f"rank {r.rank} pid {r.pid} on {r.hostname}"
+                                                                 for r in ready.ranks))
         return cls(workers, store, ready.ranks, config.cache.block_size, step_timeout_s)
 
     @property
