@@ -1,6 +1,7 @@
 """`servelab bench stages`: the evolution path, measured. Starts `servelab serve` once per stage
-(1 serial, 2 static batching, 3 continuous batching + paged KV) on the same model, sends each the same
-seeded workload with `bench serve`'s client, stops it, and writes one comparison table and plot.
+(1 serial, 2 static batching, 3 continuous batching + paged KV, 4 the same over `-tp 3` worker processes)
+on the same model, sends each the same seeded workload with `bench serve`'s client, stops it, and writes
+one comparison table and plot.
 
 Every stage gets the same --max-num-seqs (serial ignores it) and --server-args, `--request-timeout 0`
 and admission limits that take the whole workload, so the stages differ only in their schedule.
@@ -23,8 +24,11 @@ from servelab.bench.loadgen import ClientConfig, first_model_id
 from servelab.bench.serve import (add_output_args, add_request_args, add_workload_args, parse_goodput,
                                   requests_from_args, run_benchmark)
 
-STAGES = ("serial", "static", "continuous")
-STAGE_LABELS = {"serial": "1 serial", "static": "2 static batching", "continuous": "3 continuous + paged"}
+STAGES = ("serial", "static", "continuous", "tp")
+STAGE_LABELS = {"serial": "1 serial", "static": "2 static batching", "continuous": "3 continuous + paged",
+                "tp": "4 tensor parallel -tp 3"}
+# Stage 4's size: the default model's 9 attention heads and 3 KV heads split by 3.
+STAGE4_TENSOR_PARALLEL_SIZE = 3
 BANNER = re.compile(r"servelab: serving \S+ at (http://\S+)/v1 ")
 PREEMPTIONS = re.compile(r"^servelab:num_preemptions_total\{[^}]*\} (\S+)$", re.MULTILINE)
 
@@ -70,7 +74,7 @@ class ServelabServer(ServerProcess):
 def add_parser(sub) -> None:
     p = sub.add_parser("stages", help="serve the same model in each evolution stage, same workload, compare")
     p.add_argument("--model", default=None, help="model folder or .gguf (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from serial,static,continuous")
+    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from " + ",".join(STAGES))
     p.add_argument("--max-num-seqs", type=int, default=32, help="batch slots of the static and continuous stages")
     p.add_argument("--server-args", default="", help='more `servelab serve` flags for every stage, e.g. '
                    '--server-args="--dtype float32 --num-threads 2"')
@@ -87,7 +91,8 @@ def add_parser(sub) -> None:
 
 
 def stage_flags(stage: str, max_num_seqs: int, num_prompts: int, server_args: str) -> list[str]:
-    flags = ["--schedule", stage]
+    flags = ["--schedule", stage] if stage != "tp" else [
+        "--schedule", "continuous", "--tensor-parallel-size", str(STAGE4_TENSOR_PARALLEL_SIZE)]
     if stage != "serial":
         flags += ["--max-num-seqs", str(max_num_seqs)]
     # Room for the whole workload in the queue and no request timeout: the serial stage's queue is long.
@@ -159,6 +164,9 @@ def ratios(runs: list[dict]) -> dict:
             if other in by:
                 out[f"continuous_vs_{other}_output_throughput"] = (by["continuous"]["output_throughput"]
                                                                    / by[other]["output_throughput"])
+        if "tp" in by:
+            out["tp_vs_continuous_output_throughput"] = (by["tp"]["output_throughput"]
+                                                         / by["continuous"]["output_throughput"])
         if "static" in by:
             out["continuous_vs_static_p99_ttft"] = by["continuous"]["p99_ttft_ms"] / by["static"]["p99_ttft_ms"]
     return out
