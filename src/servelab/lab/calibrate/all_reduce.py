@@ -13,10 +13,11 @@ WORLD_SIZES = (2, 3)
 
 
 def fit_all_reduce(world_size: int, samples: list[tuple[int, float]]) -> AllReduceFit:
-    """Least squares over (bytes, seconds); a negative intercept (noise on a fast link) counts as 0."""
+    """Least squares of the relative error over (bytes, seconds), so small messages (a decode step's) count
+    as much as large ones; a negative intercept (noise) counts as 0."""
     sizes = np.array([s for s, _ in samples], dtype=float)
     seconds = np.array([t for _, t in samples], dtype=float)
-    slope, intercept = np.polyfit(sizes, seconds, 1)
+    slope, intercept = np.polyfit(sizes, seconds, 1, w=1.0 / seconds)
     if slope <= 0:
         raise ValueError(f"all-reduce times of {world_size} ranks do not grow with the message size: {samples}")
     return AllReduceFit(world_size, max(0.0, float(intercept)), float(1.0 / slope),
