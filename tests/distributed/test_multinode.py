@@ -65,7 +65,7 @@ def test_offline_llm_over_two_nodes_matches_one_process(tiny_llama_dir, tmp_path
         llm = LLM(str(tiny_llama_dir), dtype="float32", num_kv_blocks=64, num_threads=1, tensor_parallel_size=2,
                   nnodes=2, master_port=port)
         try:
-            ranks = llm.engine.executor.ranks
+            ranks = llm.engine.executor.worker_ranks
             assert [r.rank for r in ranks] == [0, 1]
             assert ranks[1].pid in children(node1.proc.pid)  # rank 1 is the headless node's process
             got = llm.generate([{"prompt_token_ids": p} for p in prompts], params)

@@ -39,6 +39,7 @@ class StubExecutor:
 
     weight_bytes = 1000
     weight_bytes_per_rank = (1000,)
+    worker_ranks = ()
 
     def __init__(self, num_blocks: int, step_delay: float = 0.0, eos_at_position: int | None = None,
                  fail_on_token_id: int | None = None) -> None:

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from servelab.errors import ExecutorDeadError
-from servelab.engine.core_protocol import (AbortRequests, AddRequest, EngineReady, EngineStepOutputs,
+from servelab.engine.core_protocol import (AbortRequests, AddRequest, EngineReady, EngineStepOutputs, RankProcess,
                                            RequestError)
 from servelab.metrics.events import FinishedRequest, StepSample
 from servelab.metrics.request_stats import RequestTiming
@@ -36,7 +36,9 @@ class EngineLoop:
 
     def ready(self, pid: int) -> EngineReady:
         engine = self.engine
-        return EngineReady(self.engine_index, pid, engine.limits, engine.eos_token_ids, tuple(engine.executor.weight_bytes_per_rank))
+        ranks = [RankProcess(r.rank, r.pid, r.hostname) for r in engine.executor.worker_ranks]
+        return EngineReady(self.engine_index, pid, engine.limits, engine.eos_token_ids,
+                           tuple(engine.executor.weight_bytes_per_rank), ranks)
 
     def has_work(self) -> bool:
         return self.engine.has_unfinished_requests()

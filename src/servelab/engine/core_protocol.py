@@ -30,6 +30,12 @@ EngineInput = AddRequest | AbortRequests | Shutdown
 
 
 # ---- engine core -> API server
+class RankProcess(msgspec.Struct):
+    rank: int
+    pid: int
+    host: str
+
+
 class EngineReady(msgspec.Struct, tag=True):
     """What the API server needs from a started core: the limits the input processor checks against
     (so the API process never loads weights) and what the metrics report."""
@@ -38,6 +44,10 @@ class EngineReady(msgspec.Struct, tag=True):
     limits: EngineLimits
     eos_token_ids: tuple[int, ...]
     weight_bytes_per_rank: tuple[int, ...]  # one entry per tensor-parallel rank
+    # The tensor-parallel worker processes (none when the model runs in the core's own process)
+    ranks: list[RankProcess] = []
+    # colocated: prefills and decodes; prefill / decode: one side of a --disaggregate split
+    role: str = "colocated"
 
 
 class EngineStartupFailed(msgspec.Struct, tag=True):

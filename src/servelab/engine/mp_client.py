@@ -61,6 +61,9 @@ class MPClient:
     def pid(self) -> int:
         return self.process.pid
 
+    def is_alive(self) -> bool:
+        return self.process.is_alive()
+
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> EngineReady:
         """Blocks until the core announced itself. RuntimeError when it failed or exited while starting."""
         deadline = time.monotonic() + timeout

@@ -106,12 +106,15 @@ def run_serve(args: argparse.Namespace) -> int:
     logger.info("loading %s", model or DEFAULT_SERVED_MODEL_NAME)
     cores, tokenizer = _start_engine_cores(engine_args, args.log_level)
     try:
+        from servelab.engine.process_layout import process_layout
         from servelab.gateway.server import serve
-        from servelab.lab.web.routes import build_lab_router
+        from servelab.lab.web.routes import LAYOUT_ROUTE, build_lab_router
 
         # The lab page and its API never touch the model: outside /v1, so no API key (like /health).
         lab = build_lab_router(live_engine={"metrics_stream": "/v1/metrics/stream",
-                                            "needs_api_key": config.protect_metrics and bool(config.api_keys)})
+                                            "needs_api_key": config.protect_metrics and bool(config.api_keys),
+                                            "layout": LAYOUT_ROUTE},
+                               layout=lambda: process_layout(cores).to_json())
         return serve(cores, tokenizer, config, model_path=model, log_level=args.log_level, routers=(lab,))
     finally:
         for core in cores:  # engine-core processes are never left behind, however serving ended

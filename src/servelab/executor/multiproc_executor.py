@@ -174,7 +174,7 @@ class MultiprocExecutor:
         self._store = store  # the rendezvous; kept for the workers' lifetime
         self.block_size = block_size
         self.num_blocks = ranks[0].num_blocks
-        self.ranks = ranks  # every rank's pid, host, weights: node 0's and the other nodes'
+        self.worker_ranks = ranks  # every rank's pid, host, weights: node 0's and the other nodes'
         self.weight_bytes_per_rank = tuple(r.weight_bytes for r in ranks)
         self.worker_pids = tuple(r.pid for r in ranks)
         self.step_timeout_s = step_timeout_s
