@@ -57,3 +57,17 @@ def test_gloo_all_reduce_between_two_processes():
     assert [b for b, _ in samples] == [256, 1 << 20]
     assert all(0 < t < 10 for _, t in samples)
     assert multiprocessing.active_children() == []
+
+
+def test_validate_simulates_stage_4_as_tp3_with_the_same_kv_blocks():
+    from servelab.lab.calibrate.validate import simulated_metrics
+    from servelab.workload import WorkloadConfig
+
+    spec, config = get_model("smollm2-135m"), WorkloadConfig(num_prompts=12, input_len=64, output_len=16,
+                                                             request_rate=1.0, seed=0)
+    profile = CpuProfile.from_json(with_all_reduce(make_profile()).to_json())  # as `lab validate` loads it
+    stage3 = simulated_metrics(profile, spec, "continuous", 32, config)
+    stage4 = simulated_metrics(profile, spec, "tp", 32, config)
+    assert stage4["completed"] == stage3["completed"] == 12
+    # the same cores do the same work, plus 61 all-reduces per step of at least 80 us each
+    assert stage4["median_tpot_ms"] > stage3["median_tpot_ms"] + (2 * spec.num_hidden_layers + 1) * ALPHA * 1e3
