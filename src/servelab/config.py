@@ -71,11 +71,40 @@ def valid_tensor_parallel_sizes(model: ModelSpec) -> list[int]:
 
 @dataclass(frozen=True)
 class ParallelConfig:
+    """tensor_parallel_size ranks spread evenly over nnodes machines (vLLM's multi-node flags): node n runs
+    ranks n * ranks_per_node ... (n + 1) * ranks_per_node - 1. Every rank joins torch.distributed's
+    rendezvous store at master_addr:master_port, which node 0 (the one with the engine core) hosts;
+    master_port None lets the OS pick a port, which only works when every rank is on node 0."""
     tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError("tensor_parallel_size must be >= 1")
+        if self.nnodes < 1:
+            raise ValueError(f"nnodes must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in 0 .. nnodes - 1 = {self.nnodes - 1}, got {self.node_rank}")
+        if self.tensor_parallel_size % self.nnodes:
+            raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} cannot be spread evenly over "
+                             f"{self.nnodes} nodes: it must be a multiple of nnodes")
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise ValueError(f"master_port must be in 1 .. 65535, got {self.master_port}")
+        if self.nnodes > 1 and self.master_port is None:
+            raise ValueError("master_port is required with nnodes > 1: every node must know where node 0's "
+                             "rendezvous store listens")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tensor_parallel_size // self.nnodes
+
+    @property
+    def local_ranks(self) -> range:
+        """The tensor-parallel ranks that run on this node."""
+        return range(self.node_rank * self.ranks_per_node, (self.node_rank + 1) * self.ranks_per_node)
 
     def verify_with_model(self, model: ModelSpec) -> None:
         problem = tensor_parallel_problem(model, self.tensor_parallel_size)

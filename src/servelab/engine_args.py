@@ -20,6 +20,10 @@ class EngineArgs:
     num_kv_blocks: int | None = None
     num_threads: int | None = None
     tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
     # `servelab serve` only: engine-core processes behind the API server, or one engine in a thread of it
     data_parallel_size: int = 1
     engine_in_process: bool = False
@@ -27,6 +31,7 @@ class EngineArgs:
     disaggregate: str | None = None
     # one instance's role in a disaggregated deployment (set per engine core by the launcher)
     kv_transfer_config: KVTransferConfig | None = None
+    headless: bool = False
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
@@ -53,6 +58,17 @@ class EngineArgs:
         parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                             help="shard the model over this many worker processes (torch.distributed); "
                                  "it must split the attention heads evenly")
+        g = parser.add_argument_group("multi-node (torch.distributed rendezvous)")
+        g.add_argument("--nnodes", type=int, default=1,
+                       help="machines the tensor-parallel ranks are spread over, tensor-parallel-size / nnodes each")
+        g.add_argument("--node-rank", type=int, default=0,
+                       help="this machine's index: 0 runs the engine core and hosts the rendezvous store, "
+                            "the others run `servelab serve --headless`")
+        g.add_argument("--master-addr", default="127.0.0.1",
+                       help="address of node 0 that every rank connects to (node 0 listens on it)")
+        g.add_argument("--master-port", type=int, default=None,
+                       help="port of node 0's rendezvous store; required with --nnodes > 1 "
+                            "(default: any free port, for one node)")
 
     @staticmethod
     def add_process_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +82,9 @@ class EngineArgs:
         parser.add_argument("--engine-in-process", action="store_true",
                             help="debug: step the engine in a thread of the API server instead of its own process "
                                  "(it then shares the GIL with the event loop)")
+        parser.add_argument("--headless", action="store_true",
+                            help="run only this node's tensor-parallel worker ranks, no API server or engine core "
+                                 "(nodes with --node-rank > 0)")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
@@ -76,7 +95,8 @@ class EngineArgs:
                            num_blocks=self.num_kv_blocks)
 
     def parallel_config(self) -> ParallelConfig:
-        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size)
+        return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes,
+                              node_rank=self.node_rank, master_addr=self.master_addr, master_port=self.master_port)
 
     def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
         max_len = self.max_model_len or min(model_max_len, 8192)

@@ -43,3 +43,8 @@ class OpenAIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class ExecutorDeadError(RuntimeError):
+    """The executor lost its devices or worker processes: no later step can run, and the engine core that
+    owns it must stop (its requests end with an `engine_dead` error)."""

@@ -106,6 +106,9 @@ def test_stage_helpers():
     assert flags[:4] == ["--schedule", "static", "--max-num-seqs", "8"] and flags[-4:] == [
         "--dtype", "float32", "--num-threads", "1"]
     assert "--max-num-seqs" not in stage_flags("serial", 8, 10, "")
+    assert stage_flags("tp", 8, 10, "")[:6] == ["--schedule", "continuous", "--tensor-parallel-size", "3",
+                                                 "--max-num-seqs", "8"]
+    assert parse_stages("continuous,tp") == ["continuous", "tp"]
     assert flags[flags.index("--request-timeout") + 1] == "0"
     assert flags[flags.index("--max-num-queued-requests") + 1] == "500"
     runs = [{"schedule": "serial", "output_throughput": 10.0, "p99_ttft_ms": 900.0},

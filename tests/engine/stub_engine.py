@@ -46,6 +46,7 @@ class StubExecutor:
 
     weight_bytes = 1000
     weight_bytes_per_rank = (1000,)
+    worker_ranks = ()
 
     def __init__(self, num_blocks: int, step_delay: float = 0.0, eos_at_position: int | None = None,
                  fail_on_token_id: int | None = None, block_size: int | None = None) -> None:
@@ -64,6 +65,9 @@ class StubExecutor:
     @property
     def num_steps(self) -> int:
         return len(self.plans)
+
+    def shutdown(self) -> None:
+        pass
 
     def execute(self, plan: StepPlan) -> StepResult:
         self.plans.append(plan)

@@ -15,7 +15,8 @@ def test_lab_needs_no_key_while_v1_does(gateway_with_key, lab_web):
     assert page.status_code == 200 and "servelab lab" in page.text
     catalog = httpx.get(f"{url}/lab/api/catalog", timeout=10)
     assert catalog.status_code == 200
-    assert catalog.json()["live_engine"] == {"metrics_stream": "/v1/metrics/stream", "needs_api_key": False}
+    assert catalog.json()["live_engine"] == {"metrics_stream": "/v1/metrics/stream", "needs_api_key": False,
+                                             "layout": "/lab/api/live/layout"}
 
     simulated = httpx.post(f"{url}/lab/api/simulate", json=SMALL, timeout=60)
     assert simulated.status_code == 200, simulated.text

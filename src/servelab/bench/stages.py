@@ -1,7 +1,7 @@
 """`servelab bench stages`: the evolution path, measured. Starts `servelab serve` once per stage
-(1 serial, 2 static batching, 3 continuous batching + paged KV, 5 prefill/decode disaggregated 1:1) on
-the same model, sends each the same
-seeded workload with `bench serve`'s client, stops it, and writes one comparison table and plot.
+(1 serial, 2 static batching, 3 continuous batching + paged KV, 4 the same over `-tp 3` worker processes,
+5 prefill/decode disaggregated 1:1) on the same model, sends each the same seeded workload with
+`bench serve`'s client, stops it, and writes one comparison table and plot.
 
 Every stage gets the same --max-num-seqs (serial ignores it) and --server-args, `--request-timeout 0`
 and admission limits that take the whole workload, so the stages differ only in their schedule.
@@ -24,11 +24,14 @@ from servelab.bench.loadgen import ClientConfig, first_model_id
 from servelab.bench.serve import (add_output_args, add_request_args, add_workload_args, parse_goodput,
                                   requests_from_args, run_benchmark)
 
-STAGES = ("serial", "static", "continuous", "disaggregated")
+STAGES = ("serial", "static", "continuous", "tp", "disaggregated")
 STAGE_LABELS = {"serial": "1 serial", "static": "2 static batching", "continuous": "3 continuous + paged",
-                "disaggregated": "5 disaggregated 1:1"}
+                "tp": "4 tensor parallel -tp 3", "disaggregated": "5 disaggregated 1:1"}
+# Stage 4's size: the default model's 9 attention heads and 3 KV heads split by 3.
+STAGE4_TENSOR_PARALLEL_SIZE = 3
 # Stages past 3 run continuous batching plus the flags that make them.
-STAGE_FLAGS = {"disaggregated": ["--disaggregate", "1:1"]}
+STAGE_FLAGS = {"tp": ["--tensor-parallel-size", str(STAGE4_TENSOR_PARALLEL_SIZE)],
+               "disaggregated": ["--disaggregate", "1:1"]}
 BANNER = re.compile(r"servelab: serving \S+ at (http://\S+)/v1 ")
 PREEMPTIONS = re.compile(r"^servelab:num_preemptions_total\{[^}]*\} (\S+)$", re.MULTILINE)
 
@@ -74,7 +77,7 @@ class ServelabServer(ServerProcess):
 def add_parser(sub) -> None:
     p = sub.add_parser("stages", help="serve the same model in each evolution stage, same workload, compare")
     p.add_argument("--model", default=None, help="model folder or .gguf (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, from {','.join(STAGES)}")
+    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from " + ",".join(STAGES))
     p.add_argument("--max-num-seqs", type=int, default=32, help="batch slots of the static and continuous stages")
     p.add_argument("--server-args", default="", help='more `servelab serve` flags for every stage, e.g. '
                    '--server-args="--dtype float32 --num-threads 2"')
@@ -163,6 +166,9 @@ def ratios(runs: list[dict]) -> dict:
             if other in by:
                 out[f"continuous_vs_{other}_output_throughput"] = (by["continuous"]["output_throughput"]
                                                                    / by[other]["output_throughput"])
+        if "tp" in by:
+            out["tp_vs_continuous_output_throughput"] = (by["tp"]["output_throughput"]
+                                                         / by["continuous"]["output_throughput"])
         if "static" in by:
             out["continuous_vs_static_p99_ttft"] = by["continuous"]["p99_ttft_ms"] / by["static"]["p99_ttft_ms"]
         if "disaggregated" in by:

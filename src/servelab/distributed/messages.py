@@ -24,14 +24,25 @@ class WorkerSpec:
     store_port: int
     num_threads: int
     collective_timeout_s: float
+    # True when ranks run on several nodes: only rank 0 has a pipe from the driver, and it relays every
+    # message to the other ranks with a torch.distributed broadcast.
+    relay_messages: bool = False
 
 
 @dataclass(frozen=True)
 class WorkerReady:
     rank: int
     pid: int
+    hostname: str
     weight_bytes: int
     num_blocks: int
+
+
+@dataclass(frozen=True)
+class GroupReady:
+    """Rank 0's answer once every rank holds its shard: each rank's WorkerReady, gathered over the group
+    (ranks on other nodes have no pipe to the driver)."""
+    ranks: tuple[WorkerReady, ...]
 
 
 @dataclass(frozen=True)
@@ -55,3 +66,9 @@ class WorkerFailed:
 @dataclass(frozen=True)
 class Shutdown:
     pass
+
+
+@dataclass(frozen=True)
+class KeepAlive:
+    """Relayed by rank 0 while the driver is silent, so the other nodes' ranks, waiting in a broadcast,
+    never reach the collective timeout on an idle server."""

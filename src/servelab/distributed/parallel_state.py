@@ -39,6 +39,22 @@ class TensorParallelGroup:
         dist.gather(x, parts, dst=0)
         return torch.cat(parts, dim=-1) if parts is not None else None
 
+    def all_gather_object(self, obj: object) -> list[object]:
+        """Every rank's obj (picklable), in rank order, on every rank."""
+        if self.world_size == 1:
+            return [obj]
+        gathered: list[object] = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def broadcast_object(self, obj: object) -> object:
+        """The first rank's obj on every rank (the others pass None)."""
+        if self.world_size == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
 
 SINGLE_RANK = TensorParallelGroup()
 

@@ -54,6 +54,9 @@ class EngineCoreClient(Protocol):
     def close(self) -> None:
         """Blocking, idempotent: stop now whatever still runs (the last resort on the way out)."""
 
+    def is_alive(self) -> bool:
+        """The core can still take requests."""
+
 
 class InprocClient:
     def __init__(self, engine: "LLMEngine", engine_index: int = 0) -> None:
@@ -96,6 +99,10 @@ class InprocClient:
             self._cond.notify()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join, timeout)
+
+    def is_alive(self) -> bool:
+        with self._cond:
+            return self._closed_error is None and self._thread is not None and self._thread.is_alive()
 
     def close(self) -> None:
         with self._cond:

@@ -5,14 +5,16 @@ An iteration applies the inputs that came in (adds and aborts, in order), runs o
 queued or running, and turns what happened into one EngineStepOutputs value: the adds taken or refused,
 the request outputs, the state, the step's sample and the requests that finished (with the time each
 token left the engine, for the latency metrics). A step that raises fails every request in the engine
-(the batch is shared) and the loop keeps serving; anything else that breaks propagates to the runner."""
+(the batch is shared) and the loop keeps serving, unless the executor is gone (ExecutorDeadError: a
+tensor-parallel worker died); that, and anything else that breaks, propagates to the runner."""
 from __future__ import annotations
 
 import logging
 import time
 from typing import TYPE_CHECKING
 
-from servelab.engine.core_protocol import (AbortRequests, AddRequest, EngineReady, EngineStepOutputs,
+from servelab.errors import ExecutorDeadError
+from servelab.engine.core_protocol import (AbortRequests, AddRequest, EngineReady, EngineStepOutputs, RankProcess,
                                            RequestError, SendKV)
 from servelab.metrics.events import FinishedRequest, KVTransferSample, StepSample
 from servelab.metrics.request_stats import RequestTiming
@@ -34,8 +36,10 @@ class EngineLoop:
 
     def ready(self, pid: int) -> EngineReady:
         engine = self.engine
+        ranks = [RankProcess(r.rank, r.pid, r.hostname) for r in engine.executor.worker_ranks]
+        role = {"kv_producer": "prefill", "kv_consumer": "decode"}.get(engine.kv_role, "colocated")
         return EngineReady(self.engine_index, pid, engine.limits, engine.eos_token_ids,
-                           tuple(engine.executor.weight_bytes_per_rank), engine.kv_role)
+                           tuple(engine.executor.weight_bytes_per_rank), engine.kv_role, ranks, role)
 
     def has_work(self) -> bool:
         return self.engine.has_unfinished_requests()
@@ -70,6 +74,8 @@ class EngineLoop:
         if self.has_work():
             try:
                 outputs = self.engine.step()
+            except ExecutorDeadError:
+                raise  # no later step can run: the core stops, and its requests end with engine_dead
             except Exception as exc:
                 logger.exception("engine step failed; failing %d requests", len(self._token_times))
                 self._fail_all(exc, out)

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import zmq
 
 from servelab.engine.core_loop import EngineLoop
-from servelab.engine.core_protocol import Codec, EngineStartupFailed, Shutdown
+from servelab.engine.core_protocol import Codec, EngineDead, EngineStartupFailed, Shutdown
+from servelab.errors import ExecutorDeadError
 
 if TYPE_CHECKING:
     from servelab.engine.llm_engine import LLMEngine
@@ -67,6 +68,7 @@ def run_engine_core(factory: EngineFactory, engine_index: int, input_address: st
     outputs.setsockopt(zmq.SNDHWM, 0)
     outputs.connect(output_address)
     code = 1
+    engine = None
     try:
         try:
             engine = factory.build()
@@ -77,10 +79,17 @@ def run_engine_core(factory: EngineFactory, engine_index: int, input_address: st
         loop = EngineLoop(engine, engine_index)
         outputs.send(codec.encode(loop.ready(os.getpid())))
         code = _busy_loop(loop, inputs, outputs, codec, parent_pid)
+    except ExecutorDeadError as exc:
+        logger.error("engine core %d stops: %s", engine_index, exc)
+        outputs.send(codec.encode(EngineDead(engine_index, str(exc))))
     except BaseException:
         logger.exception("engine core %d died", engine_index)
         raise
     finally:
+        if engine is not None:
+            # Before this process exits: multiprocessing would terminate the tensor-parallel workers (its
+            # daemons), and rank 0 could not tell the ranks on other nodes to stop.
+            engine.executor.shutdown()
         inputs.close(linger=0)
         outputs.close()
         context.term()

@@ -1,7 +1,7 @@
 """The typed messages between the API server and an engine core, and their msgpack codec.
 
 API -> core: AddRequest | AbortRequests | SendKV | Shutdown. Core -> API: EngineReady (or EngineStartupFailed) once,
-then one EngineStepOutputs per loop iteration. Tagged msgspec Structs around the engine's own value types
+then one EngineStepOutputs per loop iteration, and EngineDead before it exits for a lost executor. Tagged msgspec Structs around the engine's own value types
 (EngineCoreRequest, RequestOutput, EngineState ...), so a message names its type and never a method to
 call, and decoding checks every field's type."""
 from __future__ import annotations
@@ -38,6 +38,12 @@ EngineInput = AddRequest | AbortRequests | SendKV | Shutdown
 
 
 # ---- engine core -> API server
+class RankProcess(msgspec.Struct):
+    rank: int
+    pid: int
+    host: str
+
+
 class EngineReady(msgspec.Struct, tag=True):
     """What the API server needs from a started core: the limits the input processor checks against
     (so the API process never loads weights) and what the metrics report."""
@@ -47,6 +53,10 @@ class EngineReady(msgspec.Struct, tag=True):
     eos_token_ids: tuple[int, ...]
     weight_bytes_per_rank: tuple[int, ...]  # one entry per tensor-parallel rank
     kv_role: str = ""  # "kv_producer" (prefill) | "kv_consumer" (decode) under --disaggregate
+    # The tensor-parallel worker processes (none when the model runs in the core's own process)
+    ranks: list[RankProcess] = []
+    # colocated: prefills and decodes; prefill / decode: one side of a --disaggregate split
+    role: str = "colocated"
 
 
 class EngineStartupFailed(msgspec.Struct, tag=True):
@@ -77,7 +87,13 @@ class EngineStepOutputs(msgspec.Struct, tag=True):
     kv_transfers: list[KVTransferSample] = []  # KV blocks this core sent
 
 
-EngineOutput = EngineReady | EngineStartupFailed | EngineStepOutputs
+class EngineDead(msgspec.Struct, tag=True):
+    """The core's last message when its executor is gone (a tensor-parallel worker died): why, before it exits."""
+    engine_index: int
+    message: str
+
+
+EngineOutput = EngineReady | EngineStartupFailed | EngineStepOutputs | EngineDead
 
 
 class Codec:

@@ -21,8 +21,8 @@ import zmq.asyncio
 from servelab.core.messages import EngineCoreRequest
 from servelab.engine.core_client import EngineDeadError
 from servelab.engine.core_process import EngineFactory, run_engine_core
-from servelab.engine.core_protocol import (AbortRequests, AddRequest, Codec, EngineReady, EngineStartupFailed,
-                                           EngineStepOutputs, SendKV, Shutdown)
+from servelab.engine.core_protocol import (AbortRequests, AddRequest, Codec, EngineDead, EngineReady,
+                                           EngineStartupFailed, EngineStepOutputs, SendKV, Shutdown)
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,9 @@ class MPClient:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    def is_alive(self) -> bool:
+        return self.process.is_alive()
 
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> EngineReady:
         """Blocks until the core announced itself. RuntimeError when it failed or exited while starting."""
@@ -109,6 +112,9 @@ class MPClient:
                 message = self._codec.decode_output(await self._async_output.recv())
                 if isinstance(message, EngineStepOutputs):
                     return message
+                if isinstance(message, EngineDead):
+                    raise EngineDeadError(f"engine core {self.engine_index} (pid {self.process.pid}) stopped: "
+                                          f"{message.message}")
                 logger.warning("engine core %d sent an unexpected %s", self.engine_index, type(message).__name__)
             elif not self.process.is_alive():
                 raise EngineDeadError(self.death_message())

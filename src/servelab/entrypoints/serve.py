@@ -94,6 +94,11 @@ def run_serve(args: argparse.Namespace) -> int:
     # (large batches lose ~5%). The user's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     engine_args = EngineArgs.from_cli_args(args)
+    check_node_flags(engine_args)
+    if engine_args.headless:
+        from servelab.executor.headless import run_headless
+
+        return run_headless(engine_args)
     if engine_args.data_parallel_size < 1:
         raise ValueError(f"--data-parallel-size must be >= 1, got {engine_args.data_parallel_size}")
     if engine_args.engine_in_process and engine_args.data_parallel_size > 1:
@@ -108,17 +113,35 @@ def run_serve(args: argparse.Namespace) -> int:
     logger.info("loading %s", model or DEFAULT_SERVED_MODEL_NAME)
     cores, tokenizer, rendezvous = _start_engine_cores(engine_args, args.log_level)
     try:
+        from servelab.engine.process_layout import process_layout
         from servelab.gateway.server import serve
-        from servelab.lab.web.routes import build_lab_router
+        from servelab.lab.web.routes import LAYOUT_ROUTE, build_lab_router
 
         # The lab page and its API never touch the model: outside /v1, so no API key (like /health).
         lab = build_lab_router(live_engine={"metrics_stream": "/v1/metrics/stream",
-                                            "needs_api_key": config.protect_metrics and bool(config.api_keys)})
+                                            "needs_api_key": config.protect_metrics and bool(config.api_keys),
+                                            "layout": LAYOUT_ROUTE},
+                               layout=lambda: process_layout(cores).to_json())
         return serve(cores, tokenizer, config, model_path=model, log_level=args.log_level, routers=(lab,))
     finally:
         for core in cores:  # engine-core processes are never left behind, however serving ended
             core.close()
         del rendezvous
+
+
+def check_node_flags(args: EngineArgs) -> None:
+    """The multi-node combinations `servelab serve` refuses before loading anything (ParallelConfig checks
+    the numbers themselves)."""
+    args.parallel_config()
+    if args.node_rank > 0 and not args.headless:
+        raise ValueError(f"--node-rank {args.node_rank} runs only worker ranks: add --headless (node 0 runs the "
+                         "API server and the engine core)")
+    if args.headless and args.node_rank == 0:
+        raise ValueError("--headless is for nodes with --node-rank > 0: node 0 runs the API server and the "
+                         "engine core")
+    if args.nnodes > 1 and args.data_parallel_size > 1:
+        raise ValueError("--nnodes > 1 spreads one engine's tensor-parallel ranks; it cannot be combined with "
+                         "--data-parallel-size > 1")
 
 
 def _start_engine_cores(engine_args: EngineArgs, log_level: str) -> tuple[list[EngineCoreClient], Tokenizer, object]:

@@ -26,6 +26,19 @@ DUMMY_TOKEN_ID = 0
 
 
 @dataclass(frozen=True)
+class AllReduceFit:
+    """One all-reduce between world_size processes on a measured machine: latency_s + bytes / bytes_per_s
+    (`servelab lab profile`, gloo over the loopback); samples are the (bytes, seconds) it was fitted to."""
+    world_size: int
+    latency_s: float
+    bytes_per_s: float
+    samples: tuple[tuple[int, float], ...] = ()
+
+    def seconds(self, num_bytes: float) -> float:
+        return self.latency_s + num_bytes / self.bytes_per_s
+
+
+@dataclass(frozen=True)
 class Efficiency:
     """Fractions of a device's peak a serving engine reaches, and its CPU-side overheads."""
     matmul: float
@@ -45,6 +58,12 @@ class Efficiency:
     # Measured cost of taking a request in (a CPU profile): HTTP parsing, tokenization and admission run
     # on the cores the model uses, so the step that starts a new request's prefill pays for them.
     arrival_overhead_s: float = 0.0
+    # Measured all-reduces (a CPU profile), one per world size: tensor parallelism over processes that
+    # share the profiled machine's cores.
+    all_reduce: tuple[AllReduceFit, ...] = ()
+
+    def all_reduce_fit(self, world_size: int) -> AllReduceFit | None:
+        return next((f for f in self.all_reduce if f.world_size == world_size), None)
 
 
 # Datacenter GPUs running vLLM-class kernels. Teaching assumptions, each anchored to a public figure:
@@ -73,8 +92,13 @@ class CostModel:
     def __init__(self, model: ModelSpec, device: DeviceSpec, efficiency: Efficiency,
                  tensor_parallel_size: int = 1, dtype: str = "bfloat16") -> None:
         tp = tensor_parallel_size
-        if efficiency.layers_curve is not None and tp != 1:
-            raise ValueError("a measured device profile prices one device (tp 1) only")
+        # A measured CPU profile: the tp ranks are processes sharing the profiled cores, so a step costs
+        # the whole model's compute on them (priced as tp 1) plus the measured all-reduces.
+        self.all_reduce = efficiency.all_reduce_fit(tp) if efficiency.layers_curve is not None and tp != 1 else None
+        if efficiency.layers_curve is not None and tp != 1 and self.all_reduce is None:
+            raise ValueError(f"the measured device profile has no all-reduce timing for tp {tp}; "
+                             "run `servelab lab profile` again")
+        shard = 1 if efficiency.layers_curve is not None else tp
         self.model, self.device, self.efficiency, self.tp, self.dtype = model, device, efficiency, tp, dtype
         m = model
         self.num_layers = m.num_hidden_layers
@@ -84,12 +108,12 @@ class CostModel:
         self.kv_bandwidth = device.memory_bandwidth * efficiency.kv_memory
         # Per GPU and layer: matmul weights (dense part, one expert; and the LM head), KV bytes per token,
         # FLOPs per (query, key) pair.
-        self.dense_params = m.dense_params_per_layer / tp
-        self.expert_params = m.expert_params / tp
-        self.lm_head_params = m.lm_head_params / tp
+        self.dense_params = m.dense_params_per_layer / shard
+        self.expert_params = m.expert_params / shard
+        self.lm_head_params = m.lm_head_params / shard
         self.dtype_bytes = DTYPE_BYTES[dtype]
-        self.kv_bytes_per_token_layer = m.layer_kv_bytes_per_token(dtype, tp)
-        self.score_flops_per_pair = m.layer_score_flops_per_pair(tp)
+        self.kv_bytes_per_token_layer = m.layer_kv_bytes_per_token(dtype, shard)
+        self.score_flops_per_pair = m.layer_score_flops_per_pair(shard)
         self.hidden_bytes_per_token = m.hidden_bytes_per_token(dtype)
         self._decode_fixed_cache: dict[int, tuple[float, float, float]] = {}
 
@@ -121,6 +145,8 @@ class CostModel:
         tp = self.tp
         if tp == 1:
             return 0.0
+        if self.all_reduce is not None:  # measured: two per layer and the vocab-parallel embedding's
+            return (2 * self.num_layers + 1) * self.all_reduce.seconds(num_tokens * self.hidden_bytes_per_token)
         e = self.efficiency
         link = self.device.interconnect_bandwidth_per_direction * e.interconnect
         # ring all-reduce: 2(tp-1) steps, each moving 1/tp of the message over one link

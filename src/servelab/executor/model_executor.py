@@ -77,6 +77,11 @@ class ModelExecutor:
     def weight_bytes_per_rank(self) -> tuple[int, ...]:
         return (self.weight_bytes,)
 
+    @property
+    def worker_ranks(self) -> tuple:
+        """No worker process: the model runs in the caller's process."""
+        return ()
+
     def shutdown(self) -> None:
         """Nothing to stop in one process; here so every executor can be shut down alike."""
 

@@ -9,6 +9,7 @@ sentinel), and the driver's thread is free to watch them while the ranks compute
 """
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -25,10 +26,11 @@ import torch.distributed as dist
 
 from servelab.config import EngineConfig
 from servelab.core.plan import StepPlan, StepResult
-from servelab.distributed.messages import ExecuteStep, Shutdown, StepDone, WorkerFailed, WorkerReady, WorkerSpec
+from servelab.errors import ExecutorDeadError
+from servelab.distributed.messages import (ExecuteStep, GroupReady, Shutdown, StepDone, WorkerFailed, WorkerReady,
+                                           WorkerSpec)
 from servelab.executor.tp_worker import run_worker
-
-STORE_HOST = "127.0.0.1"
+logger = logging.getLogger(__name__)
 
 
 def _num_cores() -> int:
@@ -37,7 +39,7 @@ def _num_cores() -> int:
     return os.cpu_count() or 1
 
 
-class WorkerError(RuntimeError):
+class WorkerError(ExecutorDeadError):
     """A tensor-parallel worker died, failed or stopped answering; every worker has been stopped."""
 
     def __init__(self, message: str, reported: bool = False) -> None:
@@ -52,12 +54,14 @@ def _failed(message: WorkerFailed) -> WorkerError:
 
 @dataclass
 class _Workers:
+    """This node's ranks, indexed from 0 (node 0's local index is the rank itself)."""
+    relay: bool = False  # across nodes rank 0 relays each message to every other rank
     processes: list[BaseProcess] = field(default_factory=list)
     conns: list[Connection] = field(default_factory=list)  # the driver's end of each rank's pipe
 
     def broadcast(self, message: object) -> None:
         payload = bytes(ForkingPickler.dumps(message))  # pickled once for every rank
-        for rank, conn in enumerate(self.conns):
+        for rank, conn in enumerate(self.conns[:1] if self.relay else self.conns):
             try:
                 conn.send_bytes(payload)
             except OSError as e:
@@ -139,15 +143,40 @@ class _Workers:
             conn.close()
 
 
+def spawn_workers(folder: Path, config: EngineConfig, store_host: str, store_port: int, num_threads: int,
+                  collective_timeout_s: float) -> _Workers:
+    """Start this node's ranks (config.parallel.local_ranks), each with a pipe to the caller."""
+    parallel = config.parallel
+    context = multiprocessing.get_context("spawn")
+    workers = _Workers(relay=parallel.nnodes > 1)
+    try:
+        for rank in parallel.local_ranks:
+            spec = WorkerSpec(folder, config.model, config.cache, config.dtype, config.scheduler.max_model_len,
+                              rank, parallel.tensor_parallel_size, store_host, store_port, num_threads,
+                              collective_timeout_s, relay_messages=parallel.nnodes > 1)
+            parent, child = context.Pipe()
+            process = context.Process(target=run_worker, args=(spec, child), name=f"servelab-tp-rank{rank}",
+                                      daemon=True)
+            workers.processes.append(process)
+            workers.conns.append(parent)
+            process.start()
+            child.close()
+    except BaseException:
+        workers.stop(graceful=False)
+        raise
+    return workers
+
+
 class MultiprocExecutor:
-    def __init__(self, workers: _Workers, store: dist.TCPStore, ready: list[WorkerReady], block_size: int,
+    def __init__(self, workers: _Workers, store: dist.TCPStore, ranks: tuple[WorkerReady, ...], block_size: int,
                  step_timeout_s: float) -> None:
         self._workers = workers
         self._store = store  # the rendezvous; kept for the workers' lifetime
         self.block_size = block_size
-        self.num_blocks = ready[0].num_blocks
-        self.weight_bytes_per_rank = tuple(r.weight_bytes for r in ready)
-        self.worker_pids = tuple(r.pid for r in ready)
+        self.num_blocks = ranks[0].num_blocks
+        self.worker_ranks = ranks  # every rank's pid, host, weights: node 0's and the other nodes'
+        self.weight_bytes_per_rank = tuple(r.weight_bytes for r in ranks)
+        self.worker_pids = tuple(r.pid for r in ranks)
         self.step_timeout_s = step_timeout_s
         # Runs once: on shutdown(), when the executor is garbage-collected, or at interpreter exit.
         self._finalizer = weakref.finalize(self, workers.stop, graceful=True)
@@ -156,32 +185,29 @@ class MultiprocExecutor:
     def from_pretrained(cls, folder: Path, config: EngineConfig, num_threads: int | None = None,
                         startup_timeout_s: float = 600.0, step_timeout_s: float = 600.0,
                         collective_timeout_s: float = 300.0) -> "MultiprocExecutor":
-        """Spawn one worker per rank and wait until each holds its shard. The driver hosts the
-        rendezvous store on a port the OS picks; any failure stops every worker before raising."""
-        size = config.parallel.tensor_parallel_size
-        threads = num_threads or max(1, _num_cores() // size)
-        store = dist.TCPStore(STORE_HOST, 0, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=startup_timeout_s))
-        context = multiprocessing.get_context("spawn")
-        workers = _Workers()
+        """Spawn node 0's ranks and wait until every rank, on every node, holds its shard. The driver
+        hosts the rendezvous store (on a port the OS picks unless --master-port is given); any failure
+        stops this node's workers before raising."""
+        parallel = config.parallel
+        if parallel.node_rank != 0:
+            raise ValueError(f"node {parallel.node_rank} runs only its worker ranks, not an engine: start it "
+                             "with `servelab serve --headless`")
+        threads = num_threads or max(1, _num_cores() // parallel.ranks_per_node)
+        store = dist.TCPStore(parallel.master_addr, parallel.master_port or 0, is_master=True,
+                              wait_for_workers=False, timeout=timedelta(seconds=startup_timeout_s))
+        workers = spawn_workers(folder, config, parallel.master_addr, store.port, threads, collective_timeout_s)
         try:
-            for rank in range(size):
-                spec = WorkerSpec(folder, config.model, config.cache, config.dtype, config.scheduler.max_model_len,
-                                  rank, size, STORE_HOST, store.port, threads, collective_timeout_s)
-                parent, child = context.Pipe()
-                process = context.Process(target=run_worker, args=(spec, child), name=f"servelab-tp-rank{rank}",
-                                          daemon=True)
-                workers.processes.append(process)
-                workers.conns.append(parent)
-                process.start()
-                child.close()
-            ready = workers.receive(list(range(size)), startup_timeout_s)
-            if len({r.num_blocks for r in ready}) != 1:
-                raise WorkerError(f"ranks sized their KV caches differently: {[r.num_blocks for r in ready]}")
+            [ready] = workers.receive([0], startup_timeout_s)
+            if not isinstance(ready, GroupReady):
+                raise WorkerError(f"tensor-parallel worker rank 0 answered its start with {type(ready).__name__}")
+            if len({r.num_blocks for r in ready.ranks}) != 1:
+                raise WorkerError(f"ranks sized their KV caches differently: {[r.num_blocks for r in ready.ranks]}")
         except BaseException:
             workers.stop(graceful=False)
             raise
-        return cls(workers, store, ready, config.cache.block_size, step_timeout_s)
+        logger.info("tensor-parallel ranks ready: %s", ", ".join(f"rank {r.rank} pid {r.pid} on {r.hostname}"
+                                                                 for r in ready.ranks))
+        return cls(workers, store, ready.ranks, config.cache.block_size, step_timeout_s)
 
     @property
     def weight_bytes(self) -> int:

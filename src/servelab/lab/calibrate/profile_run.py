@@ -69,6 +69,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     import gc
     import json
 
+    from dataclasses import replace
+
+    from servelab.lab.calibrate.all_reduce import measure_all_reduce
     from servelab.lab.calibrate.fit import fit_steps, fitted_cost_model
     from servelab.lab.catalog.cpu_profile import save_cpu_profile
     from servelab.lab.calibrate.step_timing import build_profile, measure_steps
@@ -98,7 +101,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     overhead = measure_serving_overhead(engine_args, fitted_cost_model(fit, spec, config.dtype), progress=log)
     profile = build_profile(config, num_blocks, spec, samples, fit, overhead)
     kv = measure_kv_transfer_of(spec, config.dtype, config.cache.block_size, args.repeats, log)
-    profile = dataclasses.replace(profile, kv_transfer=kv)
+    profile = replace(profile, kv_transfer=kv)
+    profile = replace(profile, efficiency=replace(profile.efficiency, all_reduce=measure_all_reduce(progress=log)))
     path = save_cpu_profile(profile)
     if args.json:
         print(json.dumps(profile.to_json(), indent=2))
@@ -114,5 +118,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                                      for x, y in zip(curve.xs, curve.ys)))
     print(f"  arrival overhead per new request: {e.arrival_overhead_s * 1e3:.1f} ms")
     print(_kv_line(kv))
+    for a in e.all_reduce:
+        print(f"  all-reduce over {a.world_size} processes: {a.latency_s * 1e6:.0f} us + bytes / "
+              f"{a.bytes_per_s / 1e9:.2f} GB/s")
     print(f"  now: servelab lab simulate --gpu local-cpu --model {profile.fit['model']} ...")
     return 0

@@ -1,7 +1,8 @@
 """`servelab lab validate`: does the lab agree with the real engine on this machine?
 
-One seeded workload runs twice per stage (1 serial, 2 static batching, 3 continuous + paged, 5 prefill/
-decode disaggregated 1:1): through
+One seeded workload runs twice per stage (1 serial, 2 static batching, 3 continuous + paged, 4 the same
+over -tp 3 worker processes, priced with the profile's measured all-reduce, 5 prefill/decode
+disaggregated 1:1, priced with the profile's measured KV transfer): through
 `servelab serve` and the load generator (as `servelab bench stages` runs it), and in the simulator with
 the `local-cpu` profile (`servelab lab profile`). The same seed gives both the same arrivals and
 lengths. Prints each metric side by side with the simulator's relative error; exit code 1 when a
@@ -36,7 +37,7 @@ def add_validate_parser(sub) -> None:
     p = sub.add_parser("validate", help="run one workload on the real engine and in the lab (local-cpu), compare")
     p.add_argument("--model", default=None, help="model folder or .gguf (default: SmolLM2-135M-Instruct); "
                    "the one `servelab lab profile` measured")
-    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, from {','.join(STAGES)}")
+    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from " + ",".join(STAGES))
     p.add_argument("--max-num-seqs", type=int, default=32, help="batch slots of the static and continuous stages")
     p.add_argument("--server-args", default="", help="more `servelab serve` flags for every stage")
     p.add_argument("--server-timeout", type=float, default=600.0, help="seconds a server may take to start")
@@ -70,15 +71,19 @@ def simulated_metrics(profile, spec, stage: str, max_num_seqs: int, config) -> d
     from servelab.lab.analysis.evaluate import evaluate
     from servelab.workload import generate_workload
 
-    shape = dict(num_gpus=1, schedule=stage, efficiency=profile.efficiency)
+    from servelab.bench.stages import STAGE4_TENSOR_PARALLEL_SIZE
+
+    # Stage 4 is stage 3 over tp processes, each holding 1/tp of the KV heads of the same number of blocks.
+    tp = STAGE4_TENSOR_PARALLEL_SIZE if stage == "tp" else 1
+    shape = dict(num_gpus=tp, tensor_parallel_size=tp, schedule="continuous" if stage == "tp" else stage,
+                 efficiency=profile.efficiency, kv_cache_bytes=profile.kv_cache_bytes // tp)
     if stage == "disaggregated":
         shape = dict(num_gpus=2, schedule="continuous", num_prefill_instances=1, num_decode_instances=1,
                      router="least-loaded", efficiency=shared_cores(profile.efficiency, 2),
-                     kv_transfer_link=profile.kv_transfer_link)
+                     kv_transfer_link=profile.kv_transfer_link, kv_cache_bytes=profile.kv_cache_bytes)
     deployment = Deployment(model=spec, device=profile.device, max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=profile.max_num_batched_tokens,
-                            block_size=profile.fit.get("block_size", 16), dtype=profile.dtype,
-                            kv_cache_bytes=profile.kv_cache_bytes, **shape)
+                            block_size=profile.fit.get("block_size", 16), dtype=profile.dtype, **shape)
     e = evaluate(deployment, generate_workload(config))
     if not e.fits:
         raise ValueError(f"the workload does not fit the profiled engine: {e.reason}")

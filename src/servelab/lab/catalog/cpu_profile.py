@@ -8,7 +8,8 @@ Stored as JSON at $SERVELAB_CACHE_DIR/lab/local-cpu.json (default ~/.cache/serve
                   "step_overhead_s": o, "request_overhead_s": r,
                   "layers_curve": {"x": [tokens...], "seconds": [...]},
                   "lm_head_curve": {"x": [rows...], "seconds": [...]},
-                  "overhead_curve": {"x": [requests...], "seconds": [...]}},
+                  "overhead_curve": {"x": [requests...], "seconds": [...]},
+                  "all_reduce": [{"world_size": 2, "latency_s": a, "bytes_per_s": b, "samples": [...]}, ...]},
    "kv_cache_bytes": K, "dtype": "bfloat16", "max_num_seqs": S, "max_num_batched_tokens": T,
    "fit": {"model": "smollm2-135m", "num_samples": n, "mean_abs_rel_error": e, ...},
    "kv_transfer": {"latency_s": l, "bytes_per_s": b, "samples": [[bytes, seconds], ...]},
@@ -17,7 +18,9 @@ Stored as JSON at $SERVELAB_CACHE_DIR/lab/local-cpu.json (default ~/.cache/serve
 The two curves price a step's linear layers (measured, see executor/curve.py); device.flops and
 device.memory_bandwidth are the effective matmul FLOP/s and weight-streaming bytes/s read off them (for
 the meters' capacity figures), so matmul and memory efficiencies are 1.0; attention and kv_memory are
-fitted fractions of them. overhead_curve is what serving adds to a step of that many requests.
+fitted fractions of them. overhead_curve is what serving adds to a step of that many requests. all_reduce is the gloo all-reduce
+between 2 and 3 processes on this machine (alpha-beta fit), so the lab prices `-tp 2` and `-tp 3` here (the
+device then counts as that many "GPUs" per node: processes sharing the same cores).
 kv_cache_bytes, max_num_seqs and max_num_batched_tokens are the real engine's settings when profiled,
 so a simulation of local-cpu runs the scheduler with the pool and limits `servelab serve` uses.
 kv_transfer (optional: profiles measured before it lack it) is the torch.distributed point-to-point
@@ -30,7 +33,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from servelab.executor.cost_model import Efficiency
+from servelab.executor.cost_model import AllReduceFit, Efficiency
 from servelab.executor.curve import PiecewiseLinear
 from servelab.specs import DeviceSpec, ModelSpec
 
@@ -89,13 +92,19 @@ class CpuProfile:
                              "run `servelab lab profile` again")
         try:
             d, e = data["device"], data["efficiency"]
+            tp_sizes = [int(f["world_size"]) for f in e.get("all_reduce", ())]
             device = DeviceSpec(
                 id=LOCAL_CPU, name=d["name"], flops=float(d["flops"]), memory_bandwidth=float(d["memory_bandwidth"]),
                 memory_bytes=int(d["memory_bytes"]), interconnect="none", interconnect_bandwidth=0.0,
-                network_bandwidth=0.0, gpus_per_node=1, source=f"servelab lab profile ({source})",
+                network_bandwidth=0.0, gpus_per_node=max([1, *tp_sizes]),
+                source=f"servelab lab profile ({source})",
             )
-            efficiency = Efficiency(interconnect=1.0, ring_step_latency_s=0.0,
-                                    **{k: PiecewiseLinear.from_json(v) if k in CURVES else float(v) for k, v in e.items()})
+            all_reduce = tuple(AllReduceFit(int(f["world_size"]), float(f["latency_s"]), float(f["bytes_per_s"]),
+                                            tuple((int(b), float(t)) for b, t in f.get("samples", ())))
+                               for f in e.get("all_reduce", ()))
+            efficiency = Efficiency(interconnect=1.0, ring_step_latency_s=0.0, all_reduce=all_reduce,
+                                    **{k: PiecewiseLinear.from_json(v) if k in CURVES else float(v)
+                                       for k, v in e.items() if k != "all_reduce"})
             return cls(device=device, efficiency=efficiency, kv_cache_bytes=int(data["kv_cache_bytes"]),
                        dtype=data["dtype"], max_num_seqs=int(data["max_num_seqs"]),
                        max_num_batched_tokens=int(data["max_num_batched_tokens"]), fit=dict(data.get("fit", {})),
@@ -117,6 +126,9 @@ def _efficiency_json(e: Efficiency) -> dict:
         if f.name in CURVES:
             if value is not None:
                 out[f.name] = value.to_json()
+        elif f.name == "all_reduce":
+            out[f.name] = [{"world_size": a.world_size, "latency_s": a.latency_s, "bytes_per_s": a.bytes_per_s,
+                            "samples": [list(x) for x in a.samples]} for a in value]
         elif f.name not in ("interconnect", "ring_step_latency_s"):
             out[f.name] = value
     return out

@@ -6,6 +6,8 @@
   POST /lab/api/simulate    what `servelab lab simulate --json` prints for the same inputs, byte for byte
   POST /lab/api/advise      what `servelab lab advise --json` prints
   GET  /lab/api/status      whether a simulation is running
+  GET  /lab/api/live/layout the serving processes (API server, engine cores with roles, TP ranks, pids);
+                            `servelab serve` only
 
 Simulations run one at a time in a worker process (a second concurrent one gets 429): the same server may
 be serving a model, and its event loop must keep streaming tokens, which a simulation in a thread would
@@ -26,6 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from fastapi import APIRouter
 from starlette.requests import Request
@@ -40,13 +43,16 @@ from servelab.lab.web.messages import Message, request_language
 from servelab.lab.web.params import LIMITS, LabInputError, field_message, lab_request
 from servelab.lab.web.presets import DEFAULT_INPUTS, DEFAULT_STAGE, PRESETS
 
+LAYOUT_ROUTE = "/lab/api/live/layout"
+
 logger = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).parent / "static"
 # The only files served under /lab/static/: a name is looked up here, never joined to a path as given.
 ASSETS = {
     "lab.js": "text/javascript", "i18n.js": "text/javascript", "phrases.js": "text/javascript",
-    "walkthrough.js": "text/javascript", "tutorial.js": "text/javascript", "lab.css": "text/css",
+    "walkthrough.js": "text/javascript", "tutorial.js": "text/javascript", "layout.js": "text/javascript",
+    "lab.css": "text/css",
     "i18n/en.json": "application/json", "i18n/zh.json": "application/json",
     # a copy of benchmarks/results/stages-smollm2/stages-smollm2.json (`servelab bench stages`)
     "measured/stages.json": "application/json",
@@ -176,9 +182,10 @@ def _page(file_name: str):
     return page
 
 
-def build_lab_router(live_engine: dict | None = None) -> APIRouter:
+def build_lab_router(live_engine: dict | None = None, layout: Callable[[], dict] | None = None) -> APIRouter:
     """live_engine: where the page finds the serving engine's meters ({"metrics_stream": url,
-    "needs_api_key": bool}), or None when no model is served (`servelab lab web`)."""
+    "needs_api_key": bool, "layout": url}), or None when no model is served (`servelab lab web`); layout:
+    the serving processes as JSON (engine/process_layout.py), served at LAYOUT_ROUTE."""
     runner = LabRunner()
 
     @asynccontextmanager
@@ -202,6 +209,11 @@ def build_lab_router(live_engine: dict | None = None) -> APIRouter:
     @router.get("/lab/api/catalog")
     async def get_catalog() -> Response:
         return JSONResponse(catalog(live_engine))
+
+    if layout is not None:
+        @router.get(LAYOUT_ROUTE)
+        async def get_layout() -> Response:
+            return JSONResponse(layout(), headers={"Cache-Control": "no-cache"})
 
     @router.get("/lab/api/status")
     async def status() -> Response:

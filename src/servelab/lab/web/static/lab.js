@@ -695,6 +695,7 @@
   // ---- the live engine (only when `servelab serve` serves this page)
   function startLive(info) {
     $("live").hidden = false;
+    if (info.layout) window.LabLayout.start(info.layout);
     const badge = $("engine-badge");
     badge.dataset.i18n = "badge.live";
     badge.textContent = t("badge.live");
