@@ -10,6 +10,7 @@ import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -21,8 +22,8 @@ from servelab.gateway.admission import AdmissionControl
 from servelab.gateway.async_llm import AsyncLLM
 from servelab.gateway.auth import ApiKeyAuth
 from servelab.gateway.config import ServerConfig
-from servelab.gateway.errors import (OpenAIError, RequestBodyTooLarge, engine_unavailable, internal_error,
-                                     request_too_large, shutting_down, unauthorized)
+from servelab.gateway.errors import (OpenAIError, RequestBodyTimeout, RequestBodyTooLarge, engine_unavailable,
+                                     internal_error, request_too_large, shutting_down, unauthorized)
 from servelab.gateway.serving import OpenAIServing
 from servelab.gateway.sse import SSEResponse, sse_event
 from servelab.engine.core_client import EngineCoreClient
@@ -130,8 +131,10 @@ class GatewayMiddleware:
                                                separators=(",", ":")))
             await _error_response(error)(scope, receive, send_with_id)
             return
+        config = self.gateway.config
+        receive = _time_limit_body(receive, config.body_read_timeout)
         if path in GENERATION_PATHS:
-            receive = _limit_body(receive, self.gateway.config.max_request_bytes)
+            receive = _limit_body(receive, config.max_request_bytes)
         await self.app(scope, receive, send_with_id)
 
     def _check(self, path: str, headers: Headers) -> OpenAIError | None:
@@ -166,6 +169,27 @@ def _limit_body(receive: Receive, limit: int) -> Receive:
     return limited
 
 
+def _time_limit_body(receive: Receive, timeout_s: float) -> Receive:
+    """The whole body must arrive within timeout_s of the headers (a slowloris body gets 408); once it has,
+    receive() is left alone (it then waits for the client's disconnect)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    body_done = False
+
+    async def timed() -> Message:
+        nonlocal body_done
+        if body_done:
+            return await receive()
+        try:
+            message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+        except asyncio.TimeoutError as exc:
+            raise RequestBodyTimeout(timeout_s) from exc
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            body_done = True
+        return message
+
+    return timed
+
+
 def _error_response(exc: OpenAIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
@@ -185,6 +209,9 @@ def build_app(gateway: Gateway, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
     app = FastAPI(title="servelab", lifespan=lifespan)
     app.state.gateway = gateway
     app.add_middleware(GatewayMiddleware, gateway=gateway)
+    if config.allowed_origins:  # added last, so outermost: preflights are answered before auth
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-Id"])
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, exc: OpenAIError) -> Response:
