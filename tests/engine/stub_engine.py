@@ -32,21 +32,33 @@ def word_id(position: int) -> int:
     return FIRST_WORD_ID + position % len(WORDS)
 
 
+class FatalFault(BaseException):
+    """Not an Exception: the engine loop cannot recover from it, so the engine core dies (engine_dead)."""
+
+
 class StubExecutor:
     """Samples word_id(context length) for each request that samples this step (EOS where eos_at_position
     says so); records the plans. Optionally sleeps per step, fails the next step, or fails the first step
-    that computes token fail_on_token_id (a trigger that works in an engine-core process too)."""
+    that computes token fail_on_token_id (a trigger that works in an engine-core process too).
+
+    The fault hook (tests only, no user flag): every step that computes token fail_every_token_id raises
+    (a client triggers it with that word in its prompt, so it works across processes); the first step that
+    computes fatal_on_token_id raises FatalFault, which kills the engine core."""
 
     weight_bytes = 1000
     weight_bytes_per_rank = (1000,)
 
     def __init__(self, num_blocks: int, step_delay: float = 0.0, eos_at_position: int | None = None,
-                 fail_on_token_id: int | None = None) -> None:
+                 fail_on_token_id: int | None = None, fail_every_token_id: int | None = None,
+                 fatal_on_token_id: int | None = None) -> None:
         self.num_blocks = num_blocks
         self.eos_at_position = eos_at_position
         self.step_delay = step_delay
         self.fail_next_step = False
         self.fail_on_token_id = fail_on_token_id
+        self.fail_every_token_id = fail_every_token_id
+        self.fatal_on_token_id = fatal_on_token_id
+        self.num_injected_faults = 0
         self.plans: list[StepPlan] = []
 
     @property
@@ -63,6 +75,12 @@ class StubExecutor:
         if self.fail_on_token_id is not None and any(self.fail_on_token_id in s.token_ids for s in plan.scheduled):
             self.fail_on_token_id = None
             raise RuntimeError("boom")
+        computed = {t for s in plan.scheduled for t in s.token_ids}
+        if self.fatal_on_token_id in computed:
+            raise FatalFault("injected fatal fault")
+        if self.fail_every_token_id in computed:
+            self.num_injected_faults += 1
+            raise RuntimeError("injected fault")
         sampled = {s.request_id: SampledToken(0 if s.context_len == self.eos_at_position else word_id(s.context_len))
                    for s in plan.scheduled if s.sample}
         return StepResult(sampled=sampled)

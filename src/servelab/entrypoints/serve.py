@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from servelab.entrypoints.cache_dir import check_cache_dir
 from servelab.gateway.config import DEFAULT_SERVED_MODEL_NAME, ServerConfig
 
 if TYPE_CHECKING:
@@ -106,6 +107,7 @@ def run_serve(args: argparse.Namespace) -> int:
     model = args.model_tag or args.model
     args.model = model
     config = server_config(args, model)  # flag errors before the (slow) model load
+    check_cache_dir()  # a full disk or read-only cache: one clear error now, not a traceback mid-load
     _configure_logging(args.log_level)
     # Idle OpenMP threads sleep instead of spinning (set before torch loads libgomp). Spinning workers
     # of the engine thread fight the event loop for the two cores between steps: measured on this

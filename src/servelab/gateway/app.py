@@ -248,9 +248,12 @@ def build_app(gateway: Gateway, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
     async def health() -> Response:
         if gateway.admission.draining:
             return _error_response(shutting_down())
-        if not gateway.engine.is_running:
-            return _error_response(engine_unavailable(gateway.engine.not_running_reason))
-        return Response(status_code=200)
+        engine = gateway.engine
+        if not engine.is_running:
+            return _error_response(engine_unavailable(engine.not_running_reason))
+        # a step that failed ended only its own requests: still healthy, but say so
+        return JSONResponse({"status": "ok", "num_failed_steps": engine.num_failed_steps,
+                             "last_step_error": engine.last_step_error})
 
     @app.get("/metrics")
     async def metrics() -> Response:

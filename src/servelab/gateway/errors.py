@@ -60,6 +60,10 @@ def request_timeout(timeout_s: float) -> OpenAIError:
                        type="timeout_error", code="request_timeout")
 
 
+def engine_step_failed(message: str) -> OpenAIError:
+    return OpenAIError(HTTPStatus.INTERNAL_SERVER_ERROR, message, type="server_error", code="engine_step_failed")
+
+
 def internal_error(message: str) -> OpenAIError:
     return OpenAIError(HTTPStatus.INTERNAL_SERVER_ERROR, message, type="server_error", code="internal_error")
 

@@ -15,8 +15,8 @@ from servelab.core.messages import EngineCoreRequest
 from servelab.gateway.admission import Ticket
 from servelab.gateway.async_llm import AsyncLLM, EngineDeadError, EngineStepError
 from servelab.gateway.request_stream import RequestStream
-from servelab.gateway.errors import (OpenAIError, engine_unavailable, internal_error, request_timeout,
-                                     stream_reader_too_slow)
+from servelab.gateway.errors import (OpenAIError, engine_step_failed, engine_unavailable, internal_error,
+                                     request_timeout, stream_reader_too_slow)
 from servelab.outputs import RequestOutput
 from servelab.sampling_params import SamplingParams
 
@@ -222,4 +222,6 @@ def engine_error(exc: BaseException) -> OpenAIError:
         return exc
     if isinstance(exc, EngineDeadError):
         return engine_unavailable(str(exc))
+    if isinstance(exc, EngineStepError):
+        return engine_step_failed(str(exc))
     return internal_error(str(exc))
