@@ -24,6 +24,8 @@ from servelab.gateway.auth import ApiKeyAuth
 from servelab.gateway.config import ServerConfig
 from servelab.gateway.errors import (OpenAIError, RequestBodyTimeout, RequestBodyTooLarge, engine_unavailable,
                                      internal_error, request_too_large, shutting_down, unauthorized)
+from servelab.gateway.openapi import generation_route, install_openapi, models_route
+from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest
 from servelab.gateway.serving import OpenAIServing
 from servelab.gateway.sse import SSEResponse, sse_event
 from servelab.engine.core_client import EngineCoreClient
@@ -228,15 +230,15 @@ def build_app(gateway: Gateway, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
         logger.exception("unhandled error on %s", request.url.path)
         return _error_response(internal_error(f"internal server error: {type(exc).__name__}"))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **generation_route(CompletionRequest))
     async def completions(request: Request) -> Response:
         return await gateway.serving.create_completion(request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **generation_route(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         return await gateway.serving.create_chat_completion(request)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **models_route())
     async def models() -> dict:
         created = int(gateway.started_at)
         return {"object": "list", "data": [
@@ -275,4 +277,5 @@ def build_app(gateway: Gateway, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
 
     for router in routers:
         app.include_router(router)
+    install_openapi(app, needs_api_key=gateway.auth.enabled)
     return app

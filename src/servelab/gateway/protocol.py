@@ -204,3 +204,15 @@ def parse_request(model: type[_Strict], body: Any) -> Any:
         raise bad_request(f"{param or 'body'}: {first['msg']}", param=param) from exc
     request.check()
     return request
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every error the API answers: OpenAI's shape (errors.OpenAIError.body())."""
+    error: ErrorInfo
