@@ -40,6 +40,11 @@ def stream_reader_too_slow(max_unsent_tokens: int) -> OpenAIError:
                        type="server_error", code="slow_reader")
 
 
+def client_closed() -> OpenAIError:
+    """Nobody reads it: the request log's record of a client that left while its body was being read."""
+    return OpenAIError(499, "The client closed the connection before its request was read.", code="client_closed")
+
+
 def queue_full(reason: str, retry_after_s: int) -> OpenAIError:
     return OpenAIError(HTTPStatus.TOO_MANY_REQUESTS, f"The server is busy ({reason}); retry after {retry_after_s} s.",
                        type="rate_limit_error", code="queue_full", headers={"Retry-After": str(retry_after_s)})

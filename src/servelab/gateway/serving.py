@@ -7,14 +7,14 @@ import json
 from typing import Callable
 
 import jinja2
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from servelab.gateway.admission import AdmissionControl
 from servelab.gateway.async_llm import AsyncLLM
 from servelab.gateway.config import ServerConfig
-from servelab.gateway.errors import (OpenAIError, RequestBodyTooLarge, bad_request, model_not_found,
-                                     request_too_large, unsupported_media_type)
+from servelab.gateway.errors import (OpenAIError, RequestBodyTooLarge, bad_request, client_closed,
+                                     model_not_found, request_too_large, unsupported_media_type)
 from servelab.gateway.job import CLIENT_CLOSED, ClientDisconnected, Job, RequestContext
 from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from servelab.gateway.responses import ResponseBuilder
@@ -82,6 +82,8 @@ class OpenAIServing:
             raw = await http.body()
         except RequestBodyTooLarge as exc:
             raise request_too_large(self.config.max_request_bytes) from exc
+        except ClientDisconnect as exc:
+            raise client_closed() from exc
         if len(raw) > self.config.max_request_bytes:
             raise request_too_large(self.config.max_request_bytes)
         try:
