@@ -30,7 +30,7 @@ from stub_process import StubServerProcess  # noqa: E402
 
 SERVER_FLAGS = ("--stub-num-blocks", "1024", "--stub-max-num-seqs", "32", "--stub-fail-word", "hello",
                 "--request-timeout", "2", "--log-level", "info")
-RSS_GROWTH_BOUND_MIB = 64
+RSS_GROWTH_BOUND_MIB = 16
 
 
 def main() -> int:

@@ -50,7 +50,7 @@ class StubExecutor:
 
     def __init__(self, num_blocks: int, step_delay: float = 0.0, eos_at_position: int | None = None,
                  fail_on_token_id: int | None = None, fail_every_token_id: int | None = None,
-                 fatal_on_token_id: int | None = None) -> None:
+                 fatal_on_token_id: int | None = None, keep_plans: bool = True) -> None:
         self.num_blocks = num_blocks
         self.eos_at_position = eos_at_position
         self.step_delay = step_delay
@@ -59,14 +59,14 @@ class StubExecutor:
         self.fail_every_token_id = fail_every_token_id
         self.fatal_on_token_id = fatal_on_token_id
         self.num_injected_faults = 0
+        self.keep_plans = keep_plans  # off for long runs (the soak): every plan kept is memory that grows
         self.plans: list[StepPlan] = []
-
-    @property
-    def num_steps(self) -> int:
-        return len(self.plans)
+        self.num_steps = 0
 
     def execute(self, plan: StepPlan) -> StepResult:
-        self.plans.append(plan)
+        self.num_steps += 1
+        if self.keep_plans:
+            self.plans.append(plan)
         if self.step_delay:
             time.sleep(self.step_delay)
         if self.fail_next_step:

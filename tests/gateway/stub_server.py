@@ -40,7 +40,8 @@ def main(argv: list[str]) -> int:
                          max_model_len=options.stub_max_model_len, max_num_seqs=options.stub_max_num_seqs,
                          step_delay=options.stub_step_delay,
                          fail_every_token_id=VOCAB.index(options.stub_fail_word) if options.stub_fail_word else None,
-                         fatal_on_token_id=VOCAB.index(options.stub_fatal_word) if options.stub_fatal_word else None)
+                         fatal_on_token_id=VOCAB.index(options.stub_fatal_word) if options.stub_fatal_word else None,
+                         keep_plans=False)
     return serve([InprocClient(engine)], engine.tokenizer, config, log_level=args.log_level)
 
 

@@ -10,7 +10,7 @@ from soak_harness import check_request_log, rss_bytes, run_soak
 
 NUM_REQUESTS = 1000
 CONCURRENCY = 48
-RSS_GROWTH_BOUND = 48 * 1024 * 1024  # after warm-up (the first 10%)
+RSS_GROWTH_BOUND = 16 * 1024 * 1024  # after warm-up (the first 10%)
 SOAK_FLAGS = ("--stub-num-blocks", "1024", "--stub-max-num-seqs", "32", "--stub-fail-word", "hello",
               "--request-timeout", "2")
 

@@ -29,7 +29,9 @@ def generation_route(request_model: type[BaseModel]) -> dict[str, Any]:
         "responses": {
             200: {"description": "The completion (JSON), or its chunks as server-sent events when stream is true",
                   "content": {"application/json": {"schema": {"type": "object"}},
-                              "text/event-stream": {"schema": {"type": "string"}}}},
+                              # one server-sent event: `data: {json chunk}`, the last one `data: [DONE]`
+                              "text/event-stream": {"schema": {"type": "object", "required": ["data"],
+                                                               "properties": {"data": {"type": "string"}}}}}},
             400: _error("Invalid request: malformed JSON, a wrong type, a value out of range or past a limit, "
                         "or a prompt longer than the context"),
             401: _error("Missing or wrong API key (when the server has keys)"),
