@@ -39,17 +39,27 @@ def word_id(position: int) -> int:
     return FIRST_WORD_ID + position % len(WORDS)
 
 
+class FatalFault(BaseException):
+    """Not an Exception: the engine loop cannot recover from it, so the engine core dies (engine_dead)."""
+
+
 class StubExecutor:
     """Samples word_id(context length) for each request that samples this step (EOS where eos_at_position
     says so); records the plans. Optionally sleeps per step, fails the next step, or fails the first step
-    that computes token fail_on_token_id (a trigger that works in an engine-core process too)."""
+    that computes token fail_on_token_id (a trigger that works in an engine-core process too).
+
+    The fault hook (tests only, no user flag): every step that computes token fail_every_token_id raises
+    (a client triggers it with that word in its prompt, so it works across processes); the first step that
+    computes fatal_on_token_id raises FatalFault, which kills the engine core."""
 
     weight_bytes = 1000
     weight_bytes_per_rank = (1000,)
     worker_ranks = ()
 
     def __init__(self, num_blocks: int, step_delay: float = 0.0, eos_at_position: int | None = None,
-                 fail_on_token_id: int | None = None, block_size: int | None = None) -> None:
+                 fail_on_token_id: int | None = None, fail_every_token_id: int | None = None,
+                 fatal_on_token_id: int | None = None, keep_plans: bool = True,
+                 block_size: int | None = None) -> None:
         self.num_blocks = num_blocks
         # With a block size: a real KV cache of one layer, (2, num_blocks, block_size, 1 head, 2). Each step
         # writes (token id, position + 1) at the slots it computes, and a request samples "<unk>" instead of
@@ -60,17 +70,20 @@ class StubExecutor:
         self.step_delay = step_delay
         self.fail_next_step = False
         self.fail_on_token_id = fail_on_token_id
+        self.fail_every_token_id = fail_every_token_id
+        self.fatal_on_token_id = fatal_on_token_id
+        self.num_injected_faults = 0
+        self.keep_plans = keep_plans  # off for long runs (the soak): every plan kept is memory that grows
         self.plans: list[StepPlan] = []
-
-    @property
-    def num_steps(self) -> int:
-        return len(self.plans)
+        self.num_steps = 0
 
     def shutdown(self) -> None:
         pass
 
     def execute(self, plan: StepPlan) -> StepResult:
-        self.plans.append(plan)
+        self.num_steps += 1
+        if self.keep_plans:
+            self.plans.append(plan)
         if self.step_delay:
             time.sleep(self.step_delay)
         if self.fail_next_step:
@@ -79,6 +92,12 @@ class StubExecutor:
         if self.fail_on_token_id is not None and any(self.fail_on_token_id in s.token_ids for s in plan.scheduled):
             self.fail_on_token_id = None
             raise RuntimeError("boom")
+        computed = {t for s in plan.scheduled for t in s.token_ids}
+        if self.fatal_on_token_id in computed:
+            raise FatalFault("injected fatal fault")
+        if self.fail_every_token_id in computed:
+            self.num_injected_faults += 1
+            raise RuntimeError("injected fault")
         if self.kv_caches:
             self._write_kv(plan)
         sampled = {s.request_id: SampledToken(0 if s.context_len == self.eos_at_position else

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from servelab.entrypoints.cache_dir import check_cache_dir
 from servelab.gateway.config import DEFAULT_SERVED_MODEL_NAME, ServerConfig
 
 if TYPE_CHECKING:
@@ -48,6 +49,21 @@ def add_serve_parser(sub) -> None:
                    help="seconds in-flight requests get to finish after SIGTERM")
     g.add_argument("--metrics-interval", type=float, default=1.0,
                    help="seconds between snapshots on /v1/metrics/stream")
+    g.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
+                   help="enable CORS for these origins (e.g. https://app.example.com; '*' for any); off by default")
+    limits = serve.add_argument_group("request limits (hostile or broken clients)")
+    limits.add_argument("--max-n", type=int, default=16, help="most completions (n) per request")
+    limits.add_argument("--max-logprobs", type=int, default=20, help="most logprobs / top_logprobs per token")
+    limits.add_argument("--max-stop-strings", type=int, default=64, help="most stop strings per request")
+    limits.add_argument("--max-stop-string-len", type=int, default=256, help="most characters in one stop string")
+    limits.add_argument("--header-read-timeout", type=float, default=10.0,
+                        help="seconds a client has to send a request's headers (slowloris) before the "
+                             "connection is closed")
+    limits.add_argument("--body-read-timeout", type=float, default=30.0,
+                        help="seconds a client has to send the whole request body before it gets 408")
+    limits.add_argument("--max-unsent-tokens", type=int, default=4096,
+                        help="generated tokens a stream may hold unsent (a client that stopped reading) "
+                             "before the request is aborted and its KV cache freed")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=run_serve)
 
@@ -67,7 +83,11 @@ def server_config(args: argparse.Namespace, model: str | None) -> ServerConfig:
         api_keys=tuple(keys), protect_metrics=args.protect_metrics,
         max_num_queued_requests=args.max_num_queued_requests, max_queued_tokens=args.max_queued_tokens,
         max_request_bytes=args.max_request_bytes, request_timeout=args.request_timeout or None,
-        shutdown_grace=args.shutdown_grace, metrics_interval=args.metrics_interval)
+        shutdown_grace=args.shutdown_grace, metrics_interval=args.metrics_interval,
+        max_n=args.max_n, max_logprobs=args.max_logprobs, max_stop_strings=args.max_stop_strings,
+        max_stop_string_len=args.max_stop_string_len, header_read_timeout=args.header_read_timeout,
+        body_read_timeout=args.body_read_timeout, max_unsent_tokens=args.max_unsent_tokens,
+        allowed_origins=tuple(args.allowed_origins or ()))
 
 
 def _configure_logging(level: str) -> None:
@@ -87,6 +107,7 @@ def run_serve(args: argparse.Namespace) -> int:
     model = args.model_tag or args.model
     args.model = model
     config = server_config(args, model)  # flag errors before the (slow) model load
+    check_cache_dir()  # a full disk or read-only cache: one clear error now, not a traceback mid-load
     _configure_logging(args.log_level)
     # Idle OpenMP threads sleep instead of spinning (set before torch loads libgomp). Spinning workers
     # of the engine thread fight the event loop for the two cores between steps: measured on this

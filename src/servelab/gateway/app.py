@@ -3,26 +3,25 @@ OpenAI-shaped error handlers. `Gateway` owns the pieces and their start/stop ord
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-import uuid
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from servelab.gateway.admission import AdmissionControl
 from servelab.gateway.async_llm import AsyncLLM
 from servelab.gateway.auth import ApiKeyAuth
 from servelab.gateway.config import ServerConfig
-from servelab.gateway.errors import (OpenAIError, RequestBodyTooLarge, engine_unavailable, internal_error,
-                                     request_too_large, shutting_down, unauthorized)
+from servelab.gateway.errors import OpenAIError, engine_unavailable, internal_error, shutting_down
+from servelab.gateway.middleware import GatewayMiddleware, error_response
+from servelab.gateway.openapi import generation_route, install_openapi, models_route
+from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest
 from servelab.gateway.serving import OpenAIServing
 from servelab.gateway.sse import SSEResponse, sse_event
 from servelab.engine.core_client import EngineCoreClient
@@ -31,11 +30,7 @@ from servelab.metrics.server_metrics import ServerMetrics
 from servelab.model.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
-request_logger = logging.getLogger("servelab.requests")
 
-GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
-METRICS_PATHS = ("/metrics", "/v1/metrics/stream")
-MAX_REQUEST_ID_LEN = 128
 
 
 class Gateway:
@@ -99,77 +94,6 @@ class Gateway:
         return snap
 
 
-class GatewayMiddleware:
-    """Pure ASGI, so it wraps streaming responses without buffering them."""
-
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
-        self.app = app
-        self.gateway = gateway
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = Headers(scope=scope)
-        internal_id = uuid.uuid4().hex
-        request_id = (headers.get("x-request-id") or "")[:MAX_REQUEST_ID_LEN] or internal_id
-        state = scope.setdefault("state", {})
-        state["request_id"], state["internal_request_id"] = request_id, internal_id
-
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode("latin-1"))]
-            await send(message)
-
-        path = scope["path"]
-        error = self._check(path, headers)
-        if error is not None:
-            if path in GENERATION_PATHS:
-                request_logger.info(json.dumps({"event": "request", "request_id": None, "x_request_id": request_id,
-                                                "endpoint": path, "status": error.status, "error": error.message},
-                                               separators=(",", ":")))
-            await _error_response(error)(scope, receive, send_with_id)
-            return
-        if path in GENERATION_PATHS:
-            receive = _limit_body(receive, self.gateway.config.max_request_bytes)
-        await self.app(scope, receive, send_with_id)
-
-    def _check(self, path: str, headers: Headers) -> OpenAIError | None:
-        gw = self.gateway
-        config = gw.config
-        is_metrics = path in METRICS_PATHS
-        protected = (config.protect_metrics if is_metrics else path.startswith("/v1/"))
-        if protected and not gw.auth.check(headers.get("authorization")):
-            return unauthorized()
-        if path in GENERATION_PATHS:
-            if gw.admission.draining:
-                gw.metrics.record_rejected("draining")
-                return shutting_down()
-            length = headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > config.max_request_bytes:
-                return request_too_large(config.max_request_bytes)
-        return None
-
-
-def _limit_body(receive: Receive, limit: int) -> Receive:
-    received = 0
-
-    async def limited() -> Message:
-        nonlocal received
-        message = await receive()
-        if message["type"] == "http.request":
-            received += len(message.get("body", b""))
-            if received > limit:
-                raise RequestBodyTooLarge()
-        return message
-
-    return limited
-
-
-def _error_response(exc: OpenAIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
-
-
 def build_app(gateway: Gateway, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
     """The OpenAI API, /health and /metrics, plus the routers an entry point mounts beside them (the lab page)."""
     config = gateway.config
@@ -184,11 +108,15 @@ def build_app(gateway: Gateway, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
 
     app = FastAPI(title="servelab", lifespan=lifespan)
     app.state.gateway = gateway
-    app.add_middleware(GatewayMiddleware, gateway=gateway)
+    app.add_middleware(GatewayMiddleware, config=config, auth=gateway.auth, admission=gateway.admission,
+                       on_draining_reject=lambda: gateway.metrics.record_rejected("draining"))
+    if config.allowed_origins:  # added last, so outermost: preflights are answered before auth
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-Id"])
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, exc: OpenAIError) -> Response:
-        return _error_response(exc)
+        return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -199,17 +127,17 @@ def build_app(gateway: Gateway, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error on %s", request.url.path)
-        return _error_response(internal_error(f"internal server error: {type(exc).__name__}"))
+        return error_response(internal_error(f"internal server error: {type(exc).__name__}"))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **generation_route(CompletionRequest))
     async def completions(request: Request) -> Response:
         return await gateway.serving.create_completion(request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **generation_route(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         return await gateway.serving.create_chat_completion(request)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **models_route())
     async def models() -> dict:
         created = int(gateway.started_at)
         return {"object": "list", "data": [
@@ -220,10 +148,13 @@ def build_app(gateway: Gateway, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         if gateway.admission.draining:
-            return _error_response(shutting_down())
-        if not gateway.engine.is_running:
-            return _error_response(engine_unavailable(gateway.engine.not_running_reason))
-        return Response(status_code=200)
+            return error_response(shutting_down())
+        engine = gateway.engine
+        if not engine.is_running:
+            return error_response(engine_unavailable(engine.not_running_reason))
+        # a step that failed ended only its own requests: still healthy, but say so
+        return JSONResponse({"status": "ok", "num_failed_steps": engine.num_failed_steps,
+                             "last_step_error": engine.last_step_error})
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -245,4 +176,5 @@ def build_app(gateway: Gateway, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
 
     for router in routers:
         app.include_router(router)
+    install_openapi(app, needs_api_key=gateway.auth.enabled)
     return app

@@ -83,6 +83,8 @@ class AsyncLLM:
         self._closed = False
         self.dead_error: EngineDeadError | None = None
         self.dead = asyncio.Event()  # set once a core died
+        self.num_failed_steps = 0  # steps that raised (their requests failed; the core kept serving)
+        self.last_step_error: str | None = None
 
     @classmethod
     def in_process(cls, engine, on_events: Callable[[EngineEvents], None] | None = None) -> "AsyncLLM":
@@ -222,6 +224,10 @@ class AsyncLLM:
                 t.accepted = True
                 self._loads.answered(index, t.num_requests)
                 t.stream.on_accepted()
+        step_errors = [e.message for e in out.errors if not e.invalid]
+        if step_errors:
+            self.num_failed_steps += 1
+            self.last_step_error = f"engine core {index}: {step_errors[0]}"
         for error in out.errors:
             t = tracked.pop(error.request_id, None)
             if t is None:

@@ -19,6 +19,17 @@ class ServerConfig:
     request_timeout: float | None = 600.0  # seconds; None = no limit
     shutdown_grace: float = 30.0
     metrics_interval: float = 1.0
+    # Hostile-input limits (vLLM's --max-logprobs; the others have no vLLM name)
+    max_n: int = 16
+    max_logprobs: int = 20
+    max_stop_strings: int = 64
+    max_stop_string_len: int = 256
+    # Slow clients: seconds to send the request headers / the whole body (slowloris), and the most
+    # generated tokens a stream may hold unsent before the request is aborted (a reader that stopped).
+    header_read_timeout: float = 10.0
+    body_read_timeout: float = 30.0
+    max_unsent_tokens: int = 4096
+    allowed_origins: tuple[str, ...] = ()  # CORS is off unless origins are given
 
     def __post_init__(self) -> None:
         checks = [
@@ -33,6 +44,13 @@ class ServerConfig:
              f"request_timeout must be > 0, got {self.request_timeout}"),
             (self.shutdown_grace >= 0, f"shutdown_grace must be >= 0, got {self.shutdown_grace}"),
             (self.metrics_interval > 0, f"metrics_interval must be > 0, got {self.metrics_interval}"),
+            (self.max_n >= 1, f"max_n must be >= 1, got {self.max_n}"),
+            (0 <= self.max_logprobs <= 20, f"max_logprobs must be in [0, 20], got {self.max_logprobs}"),
+            (self.max_stop_strings >= 0, f"max_stop_strings must be >= 0, got {self.max_stop_strings}"),
+            (self.max_stop_string_len >= 1, f"max_stop_string_len must be >= 1, got {self.max_stop_string_len}"),
+            (self.header_read_timeout > 0, f"header_read_timeout must be > 0, got {self.header_read_timeout}"),
+            (self.body_read_timeout > 0, f"body_read_timeout must be > 0, got {self.body_read_timeout}"),
+            (self.max_unsent_tokens >= 1, f"max_unsent_tokens must be >= 1, got {self.max_unsent_tokens}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -15,10 +15,12 @@ from servelab.core.messages import EngineCoreRequest
 from servelab.gateway.admission import Ticket
 from servelab.gateway.async_llm import AsyncLLM, EngineDeadError, EngineStepError
 from servelab.gateway.request_stream import RequestStream
-from servelab.gateway.errors import OpenAIError, engine_unavailable, internal_error, request_timeout
+from servelab.gateway.errors import (OpenAIError, engine_step_failed, engine_unavailable, internal_error,
+                                     request_timeout, stream_reader_too_slow)
 from servelab.outputs import RequestOutput
 from servelab.sampling_params import SamplingParams
 
+logger = logging.getLogger(__name__)
 request_logger = logging.getLogger("servelab.requests")
 CLIENT_CLOSED = 499  # nginx's status for "the client went away first"
 
@@ -57,7 +59,10 @@ class Job:
     close() runs exactly once however the call ends: it aborts what is unfinished, releases the ticket, logs."""
 
     def __init__(self, ctx: RequestContext, engine: AsyncLLM, ticket: Ticket, model: str,
-                 requests: list[EngineCoreRequest], params: SamplingParams, stream: bool) -> None:
+                 requests: list[EngineCoreRequest], params: SamplingParams, stream: bool,
+                 max_unsent_tokens: int | None = None) -> None:
+        """max_unsent_tokens: for a stream, the most generated tokens of one prompt that may wait while the
+        client is not reading; past it the prompt's request is aborted (its KV freed) with `slow_reader`."""
         self.ctx = ctx
         self.engine = engine
         self.ticket = ticket
@@ -72,6 +77,9 @@ class Job:
         self.error: str | None = None
         self._tasks: list[asyncio.Task] = []
         self._closed = False
+        self.max_unsent_tokens = max_unsent_tokens
+        self._num_yielded_tokens = [0] * len(requests)  # per prompt: tokens in the snapshot last handed on
+        self._slow_aborted: set[int] = set()
 
     async def start(self) -> None:
         """Hand every request to the engine at once, then wait until it took them all."""
@@ -107,6 +115,7 @@ class Job:
                         self.ticket.started(index)
                     latest[index] = out
                     wake.set()
+                    self._check_unsent(index, out)
             except Exception as exc:
                 errors.append(exc)
                 wake.set()
@@ -136,6 +145,7 @@ class Job:
                 latest.clear()
                 for index, out in items:
                     self.final[index] = out
+                    self._num_yielded_tokens[index] = _num_tokens(out)
                     if out.finished:
                         remaining.discard(index)
                         if any(c.finish_reason not in ("stop", "length") for c in out.outputs):
@@ -147,6 +157,21 @@ class Job:
             raise request_timeout(self.ctx.timeout_s) from exc
         finally:
             self._cancel_tasks()
+
+    def _check_unsent(self, index: int, out: RequestOutput) -> None:
+        """Runs while the consumer may be blocked writing to a client that stopped reading: the engine must
+        not go on generating (and holding KV blocks) for it without bound."""
+        limit = self.max_unsent_tokens
+        if limit is None or out.finished or index in self._slow_aborted:
+            return
+        num_unsent = _num_tokens(out) - self._num_yielded_tokens[index]
+        if num_unsent > limit:
+            self._slow_aborted.add(index)
+            request_id = self.streams[index].request_id
+            logger.warning(json.dumps({"event": "slow_reader_abort", "request_id": request_id,
+                                       "x_request_id": self.ctx.x_request_id, "num_unsent_tokens": num_unsent,
+                                       "max_unsent_tokens": limit}, separators=(",", ":")))
+            self.engine.abort(request_id, stream_reader_too_slow(limit))
 
     def _cancel_tasks(self) -> None:
         for task in self._tasks:
@@ -188,9 +213,15 @@ class Job:
                      **({"error": self.error} if self.error else {}))
 
 
+def _num_tokens(out: RequestOutput) -> int:
+    return sum(len(c.token_ids) for c in out.outputs)
+
+
 def engine_error(exc: BaseException) -> OpenAIError:
     if isinstance(exc, OpenAIError):
         return exc
     if isinstance(exc, EngineDeadError):
         return engine_unavailable(str(exc))
+    if isinstance(exc, EngineStepError):
+        return engine_step_failed(str(exc))
     return internal_error(str(exc))

@@ -5,10 +5,11 @@ validation: "5" is not an integer, 1.0 is not an integer, true is not a number).
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from servelab.gateway.config import ServerConfig
 from servelab.gateway.errors import bad_request
 from servelab.sampling_params import SamplingParams
 
@@ -51,6 +52,29 @@ class _GenerationRequest(_Strict):
         if self.logit_bias:
             raise bad_request("logit_bias is not supported", param="logit_bias")
 
+    def check_limits(self, config: ServerConfig) -> None:
+        """The server's limits on work one request may ask for (--max-n, --max-logprobs, --max-stop-strings,
+        --max-stop-string-len), checked before anything is tokenized."""
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        logprobs = self.requested_logprobs
+        if self.n > config.max_n:
+            raise bad_request(f"n must be <= {config.max_n} (--max-n), got {self.n}", param="n")
+        if logprobs is not None and logprobs > config.max_logprobs:
+            raise bad_request(f"at most {config.max_logprobs} logprobs per token (--max-logprobs), got {logprobs}",
+                              param=self.logprobs_param)
+        if len(stops) > config.max_stop_strings:
+            raise bad_request(f"at most {config.max_stop_strings} stop strings (--max-stop-strings), "
+                              f"got {len(stops)}", param="stop")
+        if any(len(s) > config.max_stop_string_len for s in stops):
+            raise bad_request(f"a stop string may have at most {config.max_stop_string_len} characters "
+                              "(--max-stop-string-len)", param="stop")
+
+    @property
+    def requested_logprobs(self) -> int | None:
+        raise NotImplementedError
+
+    logprobs_param: ClassVar[str] = "logprobs"
+
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         values: dict[str, Any] = dict(
             n=self.n, temperature=1.0 if self.temperature is None else self.temperature,
@@ -90,6 +114,10 @@ class CompletionRequest(_GenerationRequest):
         if self.echo and self.logprobs is not None:
             raise bad_request("echo with logprobs is not supported (prompt logprobs are not computed)",
                               param="echo")
+
+    @property
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
 
     def sampling_params(self) -> SamplingParams:
         return self._sampling_params(self.max_tokens, self.logprobs)
@@ -137,9 +165,14 @@ class ChatCompletionRequest(_GenerationRequest):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    logprobs_param: ClassVar[str] = "top_logprobs"
+
+    @property
+    def requested_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def sampling_params(self) -> SamplingParams:
-        return self._sampling_params(self.requested_max_tokens,
-                                     (self.top_logprobs or 0) if self.logprobs else None)
+        return self._sampling_params(self.requested_max_tokens, self.requested_logprobs)
 
     def template_messages(self) -> list[dict]:
         return [m.template_dict(i) for i, m in enumerate(self.messages)]
@@ -171,3 +204,15 @@ def parse_request(model: type[_Strict], body: Any) -> Any:
         raise bad_request(f"{param or 'body'}: {first['msg']}", param=param) from exc
     request.check()
     return request
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every error the API answers: OpenAI's shape (errors.OpenAIError.body())."""
+    error: ErrorInfo

@@ -17,6 +17,7 @@ from fastapi import APIRouter
 from servelab.engine.core_client import EngineCoreClient
 from servelab.gateway.app import Gateway, build_app
 from servelab.gateway.config import ServerConfig
+from servelab.gateway.http_protocol import header_timeout_protocol
 from servelab.model.tokenizer import Tokenizer
 
 
@@ -27,7 +28,8 @@ def serve(cores: list[EngineCoreClient], tokenizer: Tokenizer, config: ServerCon
     prometheus_client.disable_created_metrics()  # as vLLM does: no *_created series next to each metric
     gateway = Gateway(cores, tokenizer, config, model_path)
     uv_config = uvicorn.Config(build_app(gateway, routers), host=config.host, port=config.port, log_level=log_level,
-                               access_log=False, timeout_graceful_shutdown=5, lifespan="on")
+                               access_log=False, timeout_graceful_shutdown=5, lifespan="on",
+                               http=header_timeout_protocol(config.header_read_timeout))
     server = DrainingServer(uv_config, gateway)
     server.run()
     return server.exit_code

@@ -7,13 +7,14 @@ import json
 from typing import Callable
 
 import jinja2
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from servelab.gateway.admission import AdmissionControl
 from servelab.gateway.async_llm import AsyncLLM
 from servelab.gateway.config import ServerConfig
-from servelab.gateway.errors import OpenAIError, RequestBodyTooLarge, bad_request, model_not_found, request_too_large
+from servelab.gateway.errors import (OpenAIError, RequestBodyTooLarge, bad_request, client_closed,
+                                     model_not_found, request_too_large, unsupported_media_type)
 from servelab.gateway.job import CLIENT_CLOSED, ClientDisconnected, Job, RequestContext
 from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from servelab.gateway.responses import ResponseBuilder
@@ -21,6 +22,12 @@ from servelab.gateway.sse import SSEResponse
 from servelab.core.messages import EngineCoreRequest
 from servelab.engine.input_processor import ContextLengthExceeded, PromptType
 from servelab.sampling_params import SamplingParams
+
+
+def _is_json(content_type: str) -> bool:
+    """application/json or application/*+json, any parameters (charset) after ';'."""
+    mime = content_type.split(";", 1)[0].strip().lower()
+    return mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json"))
 
 
 class OpenAIServing:
@@ -37,6 +44,7 @@ class OpenAIServing:
         ctx = RequestContext(http, "/v1/completions", "cmpl", self.config.request_timeout)
         try:
             req: CompletionRequest = parse_request(CompletionRequest, await self._read_json(http))
+            req.check_limits(self.config)
             model = self._model(req.model)
             params = req.sampling_params()
             explicit = req.max_tokens if "max_tokens" in req.model_fields_set else None
@@ -53,6 +61,7 @@ class OpenAIServing:
         ctx = RequestContext(http, "/v1/chat/completions", "chatcmpl", self.config.request_timeout)
         try:
             req: ChatCompletionRequest = parse_request(ChatCompletionRequest, await self._read_json(http))
+            req.check_limits(self.config)
             model = self._model(req.model)
             params = req.sampling_params()
             requests = self._process(ctx, [self._chat_prompt(req)], params, req.requested_max_tokens, "messages")
@@ -66,16 +75,23 @@ class OpenAIServing:
 
     # ---- request handling
     async def _read_json(self, http: Request):
+        content_type = http.headers.get("content-type")
+        if content_type is not None and not _is_json(content_type):
+            raise unsupported_media_type(content_type)
         try:
             raw = await http.body()
         except RequestBodyTooLarge as exc:
             raise request_too_large(self.config.max_request_bytes) from exc
+        except ClientDisconnect as exc:
+            raise client_closed() from exc
         if len(raw) > self.config.max_request_bytes:
             raise request_too_large(self.config.max_request_bytes)
         try:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+        except RecursionError as exc:  # JSON nested thousands deep
+            raise bad_request("the request body is not valid JSON: nested too deeply") from exc
 
     def _model(self, requested: str | None) -> str:
         if requested is None:
@@ -117,7 +133,8 @@ class OpenAIServing:
     async def _start(self, ctx: RequestContext, model: str, requests: list[EngineCoreRequest],
                      params: SamplingParams, stream: bool) -> Job:
         ticket = self.admission.admit([len(r.prompt_token_ids) * params.n for r in requests])
-        job = Job(ctx, self.engine, ticket, model, requests, params, stream)
+        job = Job(ctx, self.engine, ticket, model, requests, params, stream,
+                  max_unsent_tokens=self.config.max_unsent_tokens if stream else None)
         try:
             await job.start()
         except OpenAIError:

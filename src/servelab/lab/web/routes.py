@@ -202,9 +202,11 @@ def build_lab_router(live_engine: dict | None = None, layout: Callable[[], dict]
 
     @router.get("/lab/static/{name:path}")
     async def asset(name: str, request: Request) -> Response:
-        if name not in ASSETS:
+        path = (STATIC_DIR / name).resolve() if name in ASSETS else None
+        # a listed name that is a symlink out of the folder (a tampered install) is not followed
+        if path is None or not path.is_relative_to(STATIC_DIR.resolve()) or not path.is_file():
             return _error(not_found(name, _language(request)))
-        return FileResponse(STATIC_DIR / name, media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})
+        return FileResponse(path, media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})
 
     @router.get("/lab/api/catalog")
     async def get_catalog() -> Response:
