@@ -32,7 +32,7 @@ class Instance:
         # Autoscaling: when the instance took its GPUs, and gave them back after draining (None: at the end).
         self.started_at = started_at
         self.stopped_at: float | None = None
-        self.draining = False
+        self.draining_since: float | None = None  # when it left the router
 
     def add_request(self, request: Request) -> None:
         self.core.add_request(request)

@@ -117,14 +117,15 @@ class Pool:
         for _ in range(num):
             victim = min(reversed(self.ready), key=lambda inst: inst.num_outstanding)
             self.balancer.remove(victim)
-            victim.draining = True
+            victim.draining_since = now
             self.draining.append(victim)
             self.stop_if_drained(victim, now)
 
     def stop_if_drained(self, instance: Instance, now: float) -> None:
-        if instance.draining and instance.stopped_at is None and instance.num_outstanding == 0 \
+        if instance.draining_since is not None and instance.stopped_at is None and instance.num_outstanding == 0 \
                 and not instance.busy:
-            instance.stopped_at = now
+            # an idle instance's clock stands at the end of its last step, which may be after the caller's now
+            instance.stopped_at = max(now, instance.core.clock.now())
             self.draining.remove(instance)
 
     def sample(self, now: float, num_arrivals: int, desired: int) -> ScaleSample:

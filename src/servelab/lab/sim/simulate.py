@@ -215,7 +215,7 @@ class _Simulation:
             instance.next_step_time = math.inf
             if instance.has_unfinished_requests():
                 raise RuntimeError(f"instance {instance.index} has requests it can never schedule")
-            if instance.draining:
+            if instance.draining_since is not None:
                 self.pools[instance.role].stop_if_drained(instance, now)
             return
         pending = instance.pending_finished
