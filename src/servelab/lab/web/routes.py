@@ -47,6 +47,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 ASSETS = {
     "lab.js": "text/javascript", "i18n.js": "text/javascript", "phrases.js": "text/javascript",
     "walkthrough.js": "text/javascript", "tutorial.js": "text/javascript", "lab.css": "text/css",
+    "autoscale.js": "text/javascript",
     "i18n/en.json": "application/json", "i18n/zh.json": "application/json",
     # a copy of benchmarks/results/stages-smollm2/stages-smollm2.json (`servelab bench stages`)
     "measured/stages.json": "application/json",
