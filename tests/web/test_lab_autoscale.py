@@ -1,4 +1,4 @@
-"""The lab page's autoscaling panel in a real browser against `servelab lab web`: for a ramp workload the plots
+"""The lab page's autoscaling and measured-path panels in a real browser against `servelab lab web`: for a ramp workload the plots
 appear and the replicas rise and fall with the load, the decision line and the SLO-miss shares are the API's
 numbers, and in Chinese no English sentence is left. Screenshots of the panel land in $SERVELAB_SCREENSHOTS
 (docs/screenshots/ when updating them) or in the test's temporary folder."""
@@ -26,6 +26,10 @@ def run_autoscaling(page) -> dict:
 def test_autoscaling_plots_follow_a_ramp_and_read_in_both_languages(open_lab, lab_web, tmp_path):
     page = open_lab(lab_web.url, "/lab?lang=en")
     page.set_viewport_size({"width": 1280, "height": 900})
+    # the measured path: the shipped `bench stages` runs, one row per stage; no "measure here" without a model
+    page.wait_for_function("document.getElementById('measured').dataset.status === 'ready'", timeout=TIMEOUT_MS)
+    assert page.locator("#ms-sets .ms-set").first.locator("tr[data-schedule]").count() == 3
+    assert page.locator("#ms-actions").is_hidden()
     body = page.evaluate("window.LabPage.body()")
     replicas = run_autoscaling(page)
     peak = replicas.index(max(replicas))
@@ -49,10 +53,13 @@ def test_autoscaling_plots_follow_a_ramp_and_read_in_both_languages(open_lab, la
         assert abs(shown - answer["slo_misses"]["share"][part] * 100) <= 0.5
 
     shots = screenshot_dir(tmp_path)
+    page.add_style_tag(content="header.top { position: static; }")  # not over the panels' screenshots
     page.locator("#autoscale").screenshot(path=str(shots / "lab-autoscale-en.png"))
+    page.locator("#measured").screenshot(path=str(shots / "lab-measured-en.png"))
     page.click("#lang-zh")
     page.wait_for_function("document.documentElement.lang === 'zh-CN'")
     page.wait_for_function("document.getElementById('as-decision').textContent.includes('GPU 小时')")
     page.click("details.advanced summary")
     assert english_left(page) == []
     page.locator("#autoscale").screenshot(path=str(shots / "lab-autoscale-zh.png"))
+    page.locator("#measured").screenshot(path=str(shots / "lab-measured-zh.png"))
