@@ -7,6 +7,7 @@ import asyncio
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -102,3 +103,28 @@ def test_lab_web_lists_the_shipped_results_and_cannot_measure_without_a_model(la
     sets = response.json()["sets"]
     assert sets[0]["source"] == "shipped" and len(sets[0]["runs"]) == 3
 
+
+
+def test_the_measure_route_under_serve_starts_one_run_and_reports_its_progress(tmp_path):
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+
+    from servelab.lab.web.routes import build_lab_router
+
+    stub = tmp_path / "stub.py"
+    stub.write_text(STUB.replace("SHIPPED", repr(str(SHIPPED))))
+    app = FastAPI()
+    router = build_lab_router(live_engine={"metrics_stream": "/v1/metrics/stream", "needs_api_key": False},
+                              results_dir=tmp_path / "results", measure_command=[sys.executable, str(stub)])
+    app.include_router(router)
+    with TestClient(app) as client:
+        started = client.post("/lab/api/measure")
+        assert started.status_code == 202 and started.json()["state"] == "running"
+        assert client.post("/lab/api/measure").status_code == 429  # one at a time
+        for _ in range(600):
+            status = client.get("/lab/api/measure").json()
+            if status["state"] != "running":
+                break
+            time.sleep(0.02)
+        assert status == {**status, "state": "done", "stage": 3, "num_stages": 3, "can_measure": True}
+    assert (tmp_path / "results" / status["name"] / f"{status['name']}.json").is_file()
