@@ -8,11 +8,12 @@ uniform in [len*(1-r), len*(1+r)]).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from servelab.errors import check_fields
+from servelab.errors import FieldError, check_fields
+from servelab.rate_schedule import parse_rate_schedule
 
 DATASETS = ("random", "sharegpt-like", "sharegpt-llama3")
 # vllm bench serve's random-dataset defaults.
@@ -42,6 +43,9 @@ class WorkloadConfig:
     request_rate: float = math.inf
     burstiness: float = 1.0
     seed: int = 0
+    # A rate that changes over time (rate_schedule.py); it sets the arrivals and their number, replacing
+    # request_rate and num_prompts.
+    rate_schedule: str | None = None
 
     def __post_init__(self) -> None:
         check_fields([
@@ -76,6 +80,15 @@ def generate_workload(config: WorkloadConfig) -> list[SampledRequest]:
     """The workload's requests in arrival order. Lengths and arrivals come from independent streams
     of one seed, so changing the rate keeps every request's lengths."""
     length_seed, arrival_seed = np.random.SeedSequence(config.seed).spawn(2)
+    if config.rate_schedule is not None:
+        arrivals = parse_rate_schedule(config.rate_schedule).arrival_times(config.burstiness,
+                                                                            np.random.default_rng(arrival_seed))
+        if arrivals.size == 0:
+            raise FieldError("{rate_schedule} brings no requests", "rate_schedule")
+        prompt_lens, output_lens = sample_lengths(replace(config, num_prompts=int(arrivals.size)),
+                                                  np.random.default_rng(length_seed))
+        return [SampledRequest(t, p, o) for t, p, o in zip(arrivals.tolist(), prompt_lens.tolist(),
+                                                            output_lens.tolist())]
     prompt_lens, output_lens = sample_lengths(config, np.random.default_rng(length_seed))
     arrivals = sample_arrival_times(config.num_prompts, config.request_rate, config.burstiness,
                                     np.random.default_rng(arrival_seed))
@@ -137,4 +150,7 @@ def describe(config: WorkloadConfig) -> str:
     else:
         lengths = f"{config.dataset} lengths" + (f", output {config.output_len}" if config.output_len else "")
     burst = "" if config.burstiness == 1 else f", burstiness {config.burstiness:g}"
+    if config.rate_schedule is not None:
+        schedule = parse_rate_schedule(config.rate_schedule).describe()
+        return f"requests arriving on {schedule}{burst}, {lengths}, seed {config.seed}"
     return f"{config.num_prompts} requests at {rate} req/s{burst}, {lengths}, seed {config.seed}"

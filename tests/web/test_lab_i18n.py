@@ -38,6 +38,8 @@ DYNAMIC_KEYS = (
     + [f"bottleneck.{b}" for b in ("kv_cache", "weights", "decode_throughput", "batch_slots", "ttft", "tpot", "goodput",
                                    "preemptions", "queue", "step_time", "kv_transfer")]
     + ["walk.steady.pd.tpot"]
+    + [f"as.part.{p}" for p in ("queued", "prefill", "kv_transfer", "decode_interference", "decode")]  # autoscale.js
+    + [f"as.policy_{p}" for p in ("keda", "dynamo")]
 )
 
 

@@ -12,11 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servelab.errors import FieldError
+from servelab.lab.analysis.autoscale_policies import AutoscalePolicyConfig
+from servelab.lab.analysis.autoscaling import AutoscaleOutcome, AutoscaleSettings, evaluate_autoscaling
+from servelab.lab.analysis.slo_attribution import attribute_slo_misses
 from servelab.lab.analysis.advisor import DEFAULT_MAX_GPUS, Advice, advise as advise_deployment
 from servelab.lab.analysis.evaluate import Evaluation, Targets, evaluate
 from servelab.lab.analysis.sweep import parse_values, plot_sweep, run_sweep
 from servelab.lab.catalog import LOCAL_CPU, get_device, get_model
 from servelab.lab.sim.deployment import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, Deployment
+from servelab.lab.sim.scaling import ScalingConfig
 from servelab.workload import WorkloadConfig, describe, generate_workload
 
 DOES_NOT_FIT = 1
@@ -70,11 +74,31 @@ class TargetsRequest:
 
 
 @dataclass(frozen=True)
+class AutoscaleRequest:
+    """An autoscaler in front of the deployment's pools (autoscale_policies.py cites what each policy does)."""
+    policy: str = "keda"
+    min_replicas: int = 1
+    max_replicas: int = 8
+    startup_s: float = ScalingConfig.startup_s
+    cooldown_s: float = AutoscalePolicyConfig.cooldown_s
+    interval_s: float = AutoscalePolicyConfig.interval_s
+    target_waiting: float = AutoscalePolicyConfig.target_waiting
+    target_kv_usage: float = AutoscalePolicyConfig.target_kv_usage
+
+    def build(self) -> AutoscaleSettings:
+        policy = AutoscalePolicyConfig(policy=self.policy, interval_s=self.interval_s, cooldown_s=self.cooldown_s,
+                                       target_waiting=self.target_waiting, target_kv_usage=self.target_kv_usage)
+        return AutoscaleSettings(policy, ScalingConfig(self.min_replicas, self.max_replicas, self.startup_s))
+
+
+@dataclass(frozen=True)
 class SimulateRequest:
     deployment: DeploymentRequest = field(default_factory=DeploymentRequest)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     targets: TargetsRequest = field(default_factory=TargetsRequest)
     multi_step: bool = True  # False prices every step separately (same result, slower)
+    autoscale: AutoscaleRequest | None = None
+    slo_attribution: bool = False  # where the latency of the requests missing a target went
 
 
 @dataclass(frozen=True)
@@ -100,9 +124,16 @@ class SweepRequest:
 class SimulateResult:
     evaluation: Evaluation
     workload: WorkloadConfig
+    autoscaling: AutoscaleOutcome | None = None
+    slo_misses: dict | None = None
 
     def to_json(self) -> dict:
-        return {**self.evaluation.to_json(), "workload": workload_json(self.workload)}
+        out = {**self.evaluation.to_json(), "workload": workload_json(self.workload)}
+        if self.autoscaling is not None:
+            out["autoscaling"] = self.autoscaling.to_json()
+        if self.slo_misses is not None:
+            out["slo_misses"] = self.slo_misses
+        return out
 
 
 @dataclass(frozen=True)
@@ -124,9 +155,24 @@ class SweepResult:
 
 def simulate(request: SimulateRequest) -> SimulateResult:
     deployment = request.deployment.build()
-    e = evaluate(deployment, generate_workload(request.workload), request.targets.build(),
-                 multi_step=request.multi_step)
-    return SimulateResult(e, request.workload)
+    targets = request.targets.build()
+    if request.slo_attribution and not targets.slos_ms:
+        raise FieldError("{slo_attribution} needs {ttft_target_ms} or {tpot_target_ms}",
+                         "slo_attribution", "ttft_target_ms", "tpot_target_ms")
+    workload = generate_workload(request.workload)
+    outcome = None
+    if request.autoscale is not None:
+        outcome = evaluate_autoscaling(deployment, workload, targets, request.autoscale.build(),
+                                       multi_step=request.multi_step)
+        e = outcome.scaled
+        if not e.fits:
+            outcome = None
+    else:
+        e = evaluate(deployment, workload, targets, multi_step=request.multi_step)
+    misses = None
+    if request.slo_attribution and e.fits:
+        misses = attribute_slo_misses(e.result, targets.ttft_ms, targets.tpot_ms)
+    return SimulateResult(e, request.workload, outcome, misses)
 
 
 def advise(request: AdviseRequest) -> AdviseResult:
@@ -152,6 +198,8 @@ def sweep(request: SweepRequest) -> SweepResult:
 
 def workload_json(config: WorkloadConfig) -> dict:
     out = dict(config.__dict__)
+    if config.rate_schedule is None:  # answers without a schedule keep their keys
+        del out["rate_schedule"]
     out["request_rate"] = "inf" if math.isinf(config.request_rate) else config.request_rate
     return out
 

@@ -17,7 +17,8 @@ from servelab.lab.sim.deployment import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_
 from servelab.workload import DATASETS, WorkloadConfig
 
 # API field -> flag, where the flag is not the field with dashes
-_FLAGS = {"ttft_target_ms": "--ttft-target", "tpot_target_ms": "--tpot-target"}
+_FLAGS = {"ttft_target_ms": "--ttft-target", "tpot_target_ms": "--tpot-target", "startup_s": "--startup-time",
+          "cooldown_s": "--cooldown", "interval_s": "--scale-interval"}
 
 
 def flag_name(field: str) -> str:
@@ -74,6 +75,10 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-rate", type=float, default=WorkloadConfig.request_rate, help="requests/s; inf sends all at once")
     p.add_argument("--burstiness", type=float, default=WorkloadConfig.burstiness, help="gamma shape of arrival gaps; 1 = Poisson")
     p.add_argument("--num-prompts", type=int, default=WorkloadConfig.num_prompts)
+    p.add_argument("--rate-schedule", default=None, metavar="KIND:SPEC",
+                   help="a rate that changes over time, replacing --request-rate and --num-prompts: "
+                        "steps:0=2,600=8,1200=2,1800=2 | ramp:0=1,900=20,1800=1 | "
+                        "diurnal:mean=10,peak=18,hours=24 | trace:FILE (arrival seconds, one per line)")
     p.add_argument("--seed", type=int, default=WorkloadConfig.seed)
     p.add_argument("--ttft-target", type=duration_ms, default=None, metavar="DURATION", help="e.g. 500ms or 0.5s")
     p.add_argument("--tpot-target", type=duration_ms, default=None, metavar="DURATION", help="e.g. 50ms")
@@ -95,11 +100,44 @@ def _handler(name: str):
     return run
 
 
+def _add_autoscale_args(p: argparse.ArgumentParser) -> None:
+    from servelab.lab.api import AutoscaleRequest
+    a = AutoscaleRequest
+    p.add_argument("--autoscale", choices=("keda", "dynamo"), default=None,
+                   help="scale replicas (or prefill and decode pools) over time: keda = the HPA formula on vLLM's "
+                        "metrics, dynamo = Dynamo's load-based planner; compared with a fixed --max-replicas")
+    p.add_argument("--min-replicas", type=int, default=a.min_replicas)
+    p.add_argument("--max-replicas", type=int, default=a.max_replicas)
+    p.add_argument("--startup-time", type=float, default=a.startup_s, metavar="SECONDS",
+                   help="a new replica's start-up before it serves (the scale-up delay)")
+    p.add_argument("--cooldown", type=float, default=a.cooldown_s, metavar="SECONDS",
+                   help="scale-down waits this long (HPA stabilization window)")
+    p.add_argument("--scale-interval", type=float, default=a.interval_s, metavar="SECONDS",
+                   help="between metric scrapes and decisions")
+    p.add_argument("--target-waiting", type=float, default=a.target_waiting,
+                   help="num_requests_waiting per replica the autoscaler aims at")
+    p.add_argument("--target-kv-usage", type=float, default=a.target_kv_usage,
+                   help="kv_cache_usage_perc the autoscaler aims at (0-1)")
+
+
+def autoscale_request(args: argparse.Namespace):
+    from servelab.lab.api import AutoscaleRequest
+    if args.autoscale is None:
+        return None
+    return AutoscaleRequest(policy=args.autoscale, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                            startup_s=args.startup_time, cooldown_s=args.cooldown, interval_s=args.scale_interval,
+                            target_waiting=args.target_waiting, target_kv_usage=args.target_kv_usage)
+
+
 def _add_lab_commands(sub) -> None:
     sim = sub.add_parser("simulate", help="simulate one deployment and print its meters")
     for add in (_add_model_args, _add_deployment_args, _add_workload_args):
         add(sim)
     sim.add_argument("--single-step", action="store_true", help="price every step separately (same result, slower)")
+    _add_autoscale_args(sim)
+    sim.add_argument("--slo-attribution", action="store_true",
+                     help="for requests missing --ttft-target/--tpot-target: share of latency queued, in prefill, "
+                          "in KV transfer, in decode slowed by others' prefills")
     sim.set_defaults(func=_handler("cmd_simulate"))
 
     adv = sub.add_parser("advise", help="find the fewest GPUs that meet the targets, and say why")
@@ -145,7 +183,7 @@ def deployment_request(args: argparse.Namespace) -> DeploymentRequest:
 def workload_config(args: argparse.Namespace) -> WorkloadConfig:
     return WorkloadConfig(dataset=args.dataset, num_prompts=args.num_prompts, input_len=args.input_len,
                           output_len=args.output_len, range_ratio=args.range_ratio, request_rate=args.request_rate,
-                          burstiness=args.burstiness, seed=args.seed)
+                          burstiness=args.burstiness, seed=args.seed, rate_schedule=args.rate_schedule)
 
 
 def targets_request(args: argparse.Namespace) -> TargetsRequest:
@@ -158,12 +196,31 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from servelab.workload import describe
 
     result = api.simulate(api.SimulateRequest(deployment_request(args), workload_config(args), targets_request(args),
-                                              multi_step=not args.single_step))
+                                              multi_step=not args.single_step, autoscale=autoscale_request(args),
+                                              slo_attribution=args.slo_attribution))
     if args.json:
         sys.stdout.write(api.format_json(result.to_json()))
     else:
         print(format_evaluation(result.evaluation, describe(result.workload)))
+        for line in format_extras(result):
+            print(line)
     return 0 if result.evaluation.fits else api.DOES_NOT_FIT
+
+
+def format_extras(result) -> list[str]:
+    lines = []
+    if result.autoscaling is not None:
+        a = result.autoscaling.to_json()
+        lines.append(f"autoscaling: {a['decision']}")
+        lines.append(f"  GPU-hours saved vs fixed: {a['gpu_hours_saved_share']:.1%}; "
+                     f"peak {a['autoscaled']['num_replicas_peak']} replicas, "
+                     f"{a['autoscaled']['num_instances_started']} instances started in all")
+    if result.slo_misses is not None:
+        m = result.slo_misses
+        parts = ", ".join(f"{k} {v:.0%}" for k, v in m["share"].items())
+        lines.append(f"SLO misses: {m['num_missed']} of {m['num_requests']} requests "
+                     f"({m['num_missed_ttft']} TTFT, {m['num_missed_tpot']} TPOT); their latency: {parts}")
+    return lines
 
 
 def cmd_advise(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from servelab.lab.sim.deployment import Deployment
 from servelab.lab.analysis.meters import compute_meters, request_timings
 from servelab.metrics.request_stats import compute_metrics
+from servelab.lab.sim.scaling import Autoscaler, ScalingConfig
 from servelab.lab.sim.simulate import DoesNotFit, SimulationResult, simulate
 from servelab.workload import SampledRequest
 
@@ -44,9 +45,10 @@ class Evaluation:
 
 
 def evaluate(deployment: Deployment, workload: list[SampledRequest], targets: Targets = Targets(),
-             multi_step: bool = True) -> Evaluation:
+             multi_step: bool = True, autoscaler: Autoscaler | None = None,
+             scaling: ScalingConfig | None = None) -> Evaluation:
     try:
-        result = simulate(deployment, workload, multi_step=multi_step)
+        result = simulate(deployment, workload, multi_step=multi_step, autoscaler=autoscaler, scaling=scaling)
     except DoesNotFit as err:
         m = err.memory
         weights = {"bytes_per_gpu": m.weight_bytes, "share_of_memory": m.weight_bytes / m.memory_bytes,

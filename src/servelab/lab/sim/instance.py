@@ -16,7 +16,7 @@ from servelab.executor.cost_model import CostModel, CostModelExecutor
 
 class Instance:
     def __init__(self, index: int, role: str, scheduler_config: SchedulerConfig, num_blocks: int, block_size: int,
-                 cost_model: CostModel, multi_step: bool = True) -> None:
+                 cost_model: CostModel, multi_step: bool = True, started_at: float = 0.0) -> None:
         self.index = index
         self.role = role  # "mixed", "prefill" or "decode"
         self.multi_step = multi_step
@@ -29,6 +29,10 @@ class Instance:
         self.next_step_time = math.inf
         self.pending_finished: list[Request] = []  # finished by the step in flight, visible at its end
         self._requests: dict[str, Request] = {}  # routed here and not finished (outputs carry ids, not requests)
+        # Autoscaling: when the instance took its GPUs, and gave them back after draining (None: at the end).
+        self.started_at = started_at
+        self.stopped_at: float | None = None
+        self.draining_since: float | None = None  # when it left the router
 
     def add_request(self, request: Request) -> None:
         self.core.add_request(request)

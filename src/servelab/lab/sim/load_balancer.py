@@ -16,6 +16,16 @@ class LoadBalancer:
         self.instances = list(instances)
         self._next = 0
 
+    def add(self, instance: Loaded) -> None:
+        self.instances.append(instance)
+
+    def remove(self, instance: Loaded) -> None:
+        index = self.instances.index(instance)
+        del self.instances[index]
+        if index < self._next:  # round-robin carries on with the instance that was next
+            self._next -= 1
+        self._next = self._next % len(self.instances) if self.instances else 0
+
     def pick(self) -> Loaded:
         if self.policy == "least-loaded":
             # ties go to the lowest index, so runs are deterministic

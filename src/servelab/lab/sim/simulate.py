@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from servelab.core.request import Request, RequestStatus
 from servelab.lab.sim.deployment import Deployment, MemoryPlan, plan_memory
 from servelab.lab.sim.instance import Instance
-from servelab.lab.sim.load_balancer import LoadBalancer
+from servelab.lab.sim.scaling import Autoscaler, Pool, ScaleSample, ScalingConfig
 from servelab.workload import SampledRequest
 from servelab.sampling_params import SamplingParams
 
@@ -26,7 +26,7 @@ from servelab.sampling_params import SamplingParams
 KV_TRANSFER_LATENCY_S = 0.5e-3
 KV_TRANSFER_EFFICIENCY = 0.8  # achieved share of link bandwidth for large RDMA/NVLink copies
 
-_TRANSFER, _STEP = 0, 1
+_TRANSFER, _STEP, _READY, _TICK = 0, 1, 2, 3
 
 
 class DoesNotFit(ValueError):
@@ -43,13 +43,27 @@ class SimulationResult:
     instances: list[Instance]
     requests: list[Request]  # finished, in workload order
     kv_transfer_times: list[float] = field(default_factory=list)
+    # Per request (workload order): the instance that finished it, and its KV transfer's seconds (P/D only).
+    finished_on: list[int] = field(default_factory=list)
+    request_transfer_s: dict[int, float] = field(default_factory=dict)
+    # Autoscaled runs: the pools at every scrape.
+    scale_samples: list[ScaleSample] = field(default_factory=list)
 
     @property
     def duration(self) -> float:
         return max((r.times.finished for r in self.requests), default=0.0)
 
+    def gpu_seconds(self) -> float:
+        """GPU time held by the instances: from boot until they were given back, or the end of the run."""
+        end = self.duration
+        held = sum(max(0.0, (end if i.stopped_at is None else i.stopped_at) - i.started_at) for i in self.instances)
+        return held * self.deployment.tensor_parallel_size
 
-def simulate(deployment: Deployment, workload: list[SampledRequest], multi_step: bool = True) -> SimulationResult:
+
+def simulate(deployment: Deployment, workload: list[SampledRequest], multi_step: bool = True,
+             autoscaler: Autoscaler | None = None, scaling: ScalingConfig | None = None) -> SimulationResult:
+    """With an autoscaler (and its scaling limits), each pool starts at the deployment's count, clamped to
+    [min_replicas, max_replicas], and changes every autoscaler.interval_s."""
     max_tokens = max(w.prompt_len + w.output_len for w in workload)
     memory = plan_memory(deployment, max_tokens)
     if not memory.fits:
@@ -58,7 +72,7 @@ def simulate(deployment: Deployment, workload: list[SampledRequest], multi_step:
         raise ValueError(f"a request of {max_tokens} tokens exceeds {deployment.model.name}'s context of "
                          f"{deployment.model.max_position_embeddings}")
     with _without_cyclic_gc():
-        return _Simulation(deployment, workload, memory, multi_step).run()
+        return _Simulation(deployment, workload, memory, multi_step, autoscaler, scaling or ScalingConfig()).run()
 
 
 @contextmanager
@@ -79,17 +93,27 @@ def _without_cyclic_gc():
 
 
 class _Simulation:
-    def __init__(self, d: Deployment, workload: list[SampledRequest], memory: MemoryPlan, multi_step: bool) -> None:
+    def __init__(self, d: Deployment, workload: list[SampledRequest], memory: MemoryPlan, multi_step: bool,
+                 autoscaler: Autoscaler | None, scaling: ScalingConfig) -> None:
         self.d, self.workload, self.memory = d, workload, memory
-        cost_model = d.cost_model()
-        roles = (["prefill"] * d.num_prefill_instances + ["decode"] * d.num_decode_instances
-                 if d.disaggregated else ["mixed"] * d.num_instances)
-        self.instances = [Instance(i, role, d.scheduler_config, memory.num_blocks, d.block_size, cost_model, multi_step)
-                          for i, role in enumerate(roles)]
-        self.front = [inst for inst in self.instances if inst.role != "decode"]
-        self.back = [inst for inst in self.instances if inst.role == "decode"]
-        self.front_balancer = LoadBalancer(d.router, self.front)
-        self.back_balancer = LoadBalancer(d.router, self.back)
+        self.cost_model, self.multi_step = d.cost_model(), multi_step
+        self.instances: list[Instance] = []
+        self.front: list[Instance] = []  # every prefill-side instance, booting and draining ones too
+        counts = ({"prefill": d.num_prefill_instances, "decode": d.num_decode_instances} if d.disaggregated
+                  else {"mixed": d.num_instances})
+        if autoscaler is not None:
+            counts = {role: scaling.clamp(num) for role, num in counts.items()}
+        self.pools = {role: Pool(role, d.router, self._make_instance, num) for role, num in counts.items()}
+        self.front_pool = self.pools["prefill" if d.disaggregated else "mixed"]
+        self.back_pool = self.pools.get("decode")
+        self.front_balancer = self.front_pool.balancer
+        self.back_balancer = self.back_pool.balancer if self.back_pool else None
+        self.autoscaler, self.scaling = autoscaler, scaling
+        self.next_tick = autoscaler.interval_s if autoscaler else math.inf
+        self.num_arrivals_since_tick = 0
+        self.scale_samples: list[ScaleSample] = []
+        self.finished_on = [0] * len(workload)
+        self.request_transfer_s: dict[int, float] = {}
         self.params = SamplingParams(max_tokens=None, ignore_eos=True)
         self.heap: list[tuple] = []
         self.seq = itertools.count()
@@ -105,9 +129,20 @@ class _Simulation:
             self.transfer_latency_s, self.transfer_bytes_per_s = d.kv_transfer_link
         self.kv_bytes_per_token = d.model.kv_bytes_per_token(d.dtype)
 
+    def _make_instance(self, role: str, now: float) -> Instance:
+        d = self.d
+        instance = Instance(len(self.instances), role, d.scheduler_config, self.memory.num_blocks, d.block_size,
+                            self.cost_model, self.multi_step, started_at=now)
+        self.instances.append(instance)
+        if role != "decode":
+            self.front.append(instance)
+        return instance
+
     def run(self) -> SimulationResult:
         arrivals, num = self.workload, len(self.workload)
         index = 0
+        if self.autoscaler is not None:
+            heapq.heappush(self.heap, (self.next_tick, _TICK, next(self.seq), None))
         while index < num or self.heap:
             next_arrival = arrivals[index].arrival_time if index < num else math.inf
             if next_arrival <= (self.heap[0][0] if self.heap else math.inf):
@@ -120,14 +155,39 @@ class _Simulation:
                 instance, request = payload
                 instance.admit_handed_over(request)
                 self._wake(instance, time)
+            elif kind == _READY:
+                self.pools[payload.role].mark_ready(payload)
+            elif kind == _TICK:
+                self._tick(time)
+                if index < num or self.heap:
+                    self.next_tick = time + self.autoscaler.interval_s
+                    heapq.heappush(self.heap, (self.next_tick, _TICK, next(self.seq), None))
             else:
                 self._step(payload, time, arrivals[index].arrival_time if index < num else math.inf)
         requests = [self.finished[i] for i in range(num)]
-        return SimulationResult(self.d, self.workload, self.memory, self.instances, requests, self.kv_transfer_times)
+        return SimulationResult(self.d, self.workload, self.memory, self.instances, requests, self.kv_transfer_times,
+                                self.finished_on, self.request_transfer_s, self.scale_samples)
+
+    def _tick(self, now: float) -> None:
+        for pool in self.pools.values():
+            metrics = pool.metrics()
+            desired = self.scaling.clamp(self.autoscaler.desired_replicas(metrics, now))
+            if desired > metrics.num_replicas:
+                for _ in range(desired - metrics.num_replicas):
+                    instance = pool.start(now)
+                    heapq.heappush(self.heap, (now + self.scaling.startup_s, _READY, next(self.seq), instance))
+            elif desired < metrics.num_replicas:
+                pool.shrink(metrics.num_replicas - desired, now)
+            arrivals = self.num_arrivals_since_tick if pool is self.front_pool else 0
+            self.scale_samples.append(pool.sample(now, arrivals, desired))
+            pool.ttfts.clear()
+            pool.tpots.clear()
+        self.num_arrivals_since_tick = 0
 
     def _arrive(self, index: int, time: float) -> None:
         w = self.workload[index]
         instance = self.front_balancer.pick()
+        self.num_arrivals_since_tick += 1
         max_tokens = 1 if instance.role == "prefill" else w.output_len
         request = Request(str(index), [0] * w.prompt_len, self.params, max_tokens, (), time)
         instance.add_request(request)
@@ -158,6 +218,8 @@ class _Simulation:
             instance.next_step_time = math.inf
             if instance.has_unfinished_requests():
                 raise RuntimeError(f"instance {instance.index} has requests it can never schedule")
+            if instance.draining_since is not None:
+                self.pools[instance.role].stop_if_drained(instance, now)
             return
         pending = instance.pending_finished
         if pending:
@@ -174,17 +236,21 @@ class _Simulation:
     def _horizon(self, instance: Instance, next_arrival: float) -> float:
         """Earliest time a new request could reach the instance: any arrival (the router may pick it),
         or for a decode instance a KV transfer, which lands after some prefill step ends."""
+        # An autoscaler's scrape reads every instance's gauges, so runs stop there too.
         if instance.role != "decode":
-            return next_arrival
+            return min(next_arrival, self.next_tick)
         prefill_ends = min(inst.next_step_time for inst in self.front)
         landing = self.transfer_landings[0] if self.transfer_landings else math.inf
-        return min(next_arrival, prefill_ends, landing)
+        return min(next_arrival, prefill_ends, landing, self.next_tick)
 
     def _finish(self, instance: Instance, request: Request, now: float) -> None:
         index = int(request.request_id)
         w = self.workload[index]
         if instance.role != "prefill" or w.output_len == 1:
             self.finished[index] = request
+            self.finished_on[index] = instance.index
+            if self.autoscaler is not None:
+                self._observe(request, w.output_len)
             return
         # Prefill done: the decode side admits it with the prompt's KV present (num_computed_tokens = prompt_len).
         transfer = self.transfer_latency_s + w.prompt_len * self.kv_bytes_per_token / self.transfer_bytes_per_s
@@ -198,5 +264,12 @@ class _Simulation:
         handed.status = RequestStatus.WAITING
         target.num_outstanding += 1
         self.kv_transfer_times.append(transfer)
+        self.request_transfer_s[index] = transfer
         heapq.heappush(self.transfer_landings, now + transfer)
         heapq.heappush(self.heap, (now + transfer, _TRANSFER, next(self.seq), (target, handed)))
+
+    def _observe(self, request: Request, output_len: int) -> None:
+        times = request.times
+        self.front_pool.ttfts.append(times.first_token - times.arrival)
+        if output_len > 1:
+            (self.back_pool or self.front_pool).tpots.append((times.finished - times.first_token) / (output_len - 1))

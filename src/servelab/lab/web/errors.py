@@ -18,6 +18,10 @@ def not_found(name: str, lang: str) -> OpenAIError:
     return OpenAIError(HTTPStatus.NOT_FOUND, Message("no_asset", {"name": repr(name)}).render(lang), code="not_found")
 
 
+def measure_unavailable(lang: str) -> OpenAIError:
+    return OpenAIError(HTTPStatus.NOT_FOUND, Message("measure_needs_serve").render(lang), code="not_found")
+
+
 def request_too_large(limit: int, lang: str) -> OpenAIError:
     return OpenAIError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, Message("too_large", {"limit": limit}).render(lang),
                        code="request_too_large")

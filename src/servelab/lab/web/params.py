@@ -10,7 +10,8 @@ from numbers import Real
 from servelab.config import SCHEDULE_POLICIES
 from servelab.lab.catalog import LOCAL_CPU, gpu_ids, model_ids
 from servelab.errors import FieldError
-from servelab.lab.api import AdviseRequest, DeploymentRequest, SimulateRequest, TargetsRequest
+from servelab.lab.api import AdviseRequest, AutoscaleRequest, DeploymentRequest, SimulateRequest, TargetsRequest
+from servelab.rate_schedule import parse_rate_schedule
 from servelab.lab.web.messages import Message, error_message
 from servelab.workload import DATASETS, WorkloadConfig, generate_workload
 
@@ -21,6 +22,8 @@ MAX_INPUT_LEN = 32768
 MAX_OUTPUT_LEN = 8192
 MAX_NUM_SEQS = 4096
 MAX_ADVISE_GPUS = 64
+MAX_REPLICAS = 64
+MAX_SCALE_SECONDS = 3600.0
 # Prompt + output tokens of the whole workload. Simulation time grows with them, faster for long requests (fewer
 # fit in a batch); measured here, 8 M tokens take 1-11 s, and the advisor simulates dozens of shapes.
 MAX_WORKLOAD_TOKENS = {"simulate": 8_000_000, "advise": 2_000_000}
@@ -112,6 +115,30 @@ def _gpu(field: str, value) -> str:
     return value
 
 
+def _rate_schedule(field: str, value) -> str:
+    # a trace names a file on the server: the command line's, not the web API's
+    if not isinstance(value, str) or value.strip().startswith("trace"):
+        raise _bad(field, "bad_schedule", value)
+    try:
+        parse_rate_schedule(value)
+    except FieldError:
+        raise _bad(field, "bad_schedule", value) from None
+    return value
+
+
+def _seconds(field: str, value) -> float:
+    number = _number(field, value)
+    if not 0 <= number <= MAX_SCALE_SECONDS:
+        raise _bad(field, "not_between", value, low=0, high=int(MAX_SCALE_SECONDS))
+    return number
+
+
+def _flag(field: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(field, "not_a_choice", value, choices="true, false")
+    return value
+
+
 # JSON field -> check. The names are the typed API's fields. Catalog ids only: the web API never opens a path it
 # is given.
 _DEPLOYMENT = {
@@ -128,6 +155,7 @@ _WORKLOAD = {
     "request_rate": _request_rate,
     "burstiness": _positive,
     "seed": lambda f, v: _int(f, v, 0),
+    "rate_schedule": _optional(_rate_schedule),
 }
 _TARGETS = {"ttft_target_ms": _optional(_positive), "tpot_target_ms": _optional(_positive)}
 _SIMULATE_ONLY = {
@@ -136,8 +164,20 @@ _SIMULATE_ONLY = {
     "schedule": lambda f, v: _choice(f, v, SCHEDULE_POLICIES),
     "disaggregate": _optional(_disaggregate),
 }
+# The autoscaler's fields are AutoscaleRequest's, `autoscale` its policy (null: a fixed deployment).
+_AUTOSCALE = {
+    "autoscale": _optional(lambda f, v: _choice(f, v, ["keda", "dynamo"])),
+    "min_replicas": lambda f, v: _int(f, v, 1, MAX_REPLICAS),
+    "max_replicas": lambda f, v: _int(f, v, 1, MAX_REPLICAS),
+    "startup_s": _seconds,
+    "cooldown_s": _seconds,
+    "interval_s": lambda f, v: _positive(f, _seconds(f, v)),
+    "target_waiting": _positive,
+    "target_kv_usage": _positive,
+    "slo_attribution": _flag,
+}
 FIELDS = {
-    "simulate": {**_DEPLOYMENT, **_SIMULATE_ONLY, **_WORKLOAD, **_TARGETS},
+    "simulate": {**_DEPLOYMENT, **_SIMULATE_ONLY, **_WORKLOAD, **_TARGETS, **_AUTOSCALE},
     "advise": {**_DEPLOYMENT, **_WORKLOAD, **_TARGETS, "max_gpus": lambda f, v: _int(f, v, 1, MAX_ADVISE_GPUS)},
 }
 
@@ -166,7 +206,15 @@ def lab_request(command: str, body) -> SimulateRequest | AdviseRequest:
         raise field_message(err) from None
     _check_size(command, workload)
     if command == "simulate":
-        return SimulateRequest(deployment, workload, targets)
+        autoscale = None
+        if values.get("autoscale") is not None:
+            try:
+                autoscale = AutoscaleRequest(**{**_values_for(AutoscaleRequest, values), "policy": values["autoscale"]})
+                autoscale.build()
+            except FieldError as err:
+                raise field_message(err) from None
+        return SimulateRequest(deployment, workload, targets, autoscale=autoscale,
+                               slo_attribution=values.get("slo_attribution", False))
     return replace(AdviseRequest(deployment, workload, targets), **_values_for(AdviseRequest, values))
 
 

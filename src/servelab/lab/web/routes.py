@@ -8,6 +8,8 @@
   GET  /lab/api/status      whether a simulation is running
   GET  /lab/api/live/layout the serving processes (API server, engine cores with roles, TP ranks, pids);
                             `servelab serve` only
+  GET  /lab/api/measured    `bench stages` results (shipped and in the results folder) beside the lab's prediction
+  GET  /lab/api/measure     the "measure here" run's progress; POST starts one (under `servelab serve` only)
 
 Simulations run one at a time in a worker process (a second concurrent one gets 429): the same server may
 be serving a model, and its event loop must keep streaming tokens, which a simulation in a thread would
@@ -38,7 +40,9 @@ from servelab.errors import OpenAIError
 from servelab.lab import api
 from servelab.lab.catalog import LOCAL_CPU, get_device, get_model, gpu_ids, model_ids
 from servelab.specs import GIB
-from servelab.lab.web.errors import bad_request, internal_error, lab_busy, not_found, request_too_large
+from servelab.lab.web.errors import (bad_request, internal_error, lab_busy, measure_unavailable, not_found,
+                                     request_too_large)
+from servelab.lab.web.measured import MeasureJob, MeasuredRequest, measured_path
 from servelab.lab.web.messages import Message, request_language
 from servelab.lab.web.params import LIMITS, LabInputError, field_message, lab_request
 from servelab.lab.web.presets import DEFAULT_INPUTS, DEFAULT_STAGE, PRESETS
@@ -52,7 +56,7 @@ STATIC_DIR = Path(__file__).parent / "static"
 ASSETS = {
     "lab.js": "text/javascript", "i18n.js": "text/javascript", "phrases.js": "text/javascript",
     "walkthrough.js": "text/javascript", "tutorial.js": "text/javascript", "layout.js": "text/javascript",
-    "lab.css": "text/css",
+    "lab.css": "text/css", "autoscale.js": "text/javascript", "measured.js": "text/javascript",
     "i18n/en.json": "application/json", "i18n/zh.json": "application/json",
     # a copy of benchmarks/results/stages-smollm2/stages-smollm2.json (`servelab bench stages`)
     "measured/stages.json": "application/json",
@@ -61,7 +65,8 @@ PAGES = {"/lab": "index.html", "/lab/tutorial": "tutorial.html"}
 MAX_BODY_BYTES = 64 * 1024
 
 
-WORK = {"simulate": api.simulate, "advise": api.advise}
+WORK = {"simulate": api.simulate, "advise": api.advise, "measured": measured_path}
+RESULTS_DIR = Path("benchmarks/results")  # `servelab bench`'s default --result-dir
 
 
 @dataclass(frozen=True)
@@ -182,17 +187,21 @@ def _page(file_name: str):
     return page
 
 
-def build_lab_router(live_engine: dict | None = None, layout: Callable[[], dict] | None = None) -> APIRouter:
+def build_lab_router(live_engine: dict | None = None, layout: Callable[[], dict] | None = None,
+                     results_dir: Path = RESULTS_DIR, measure_command: list[str] | None = None) -> APIRouter:
     """live_engine: where the page finds the serving engine's meters ({"metrics_stream": url,
-    "needs_api_key": bool, "layout": url}), or None when no model is served (`servelab lab web`); layout:
-    the serving processes as JSON (engine/process_layout.py), served at LAYOUT_ROUTE."""
+    "needs_api_key": bool, "layout": url}), or None when no model is served (`servelab lab web`); with a live
+    engine the page can also measure here. layout: the serving processes as JSON (engine/process_layout.py), served at
+    LAYOUT_ROUTE. measure_command replaces `servelab bench stages` (tests)."""
     runner = LabRunner()
+    job = MeasureJob(results_dir, measure_command)
 
     @asynccontextmanager
     async def lifespan(app):
         try:
             yield
         finally:
+            await job.close()
             await asyncio.to_thread(runner.close)
 
     router = APIRouter(lifespan=lifespan)
@@ -244,5 +253,27 @@ def build_lab_router(live_engine: dict | None = None, layout: Callable[[], dict]
     @router.post("/lab/api/advise")
     async def advise(request: Request) -> Response:
         return await run("advise", request)
+
+    @router.get("/lab/api/measured")
+    async def measured(request: Request) -> Response:
+        lang = _language(request)
+        try:
+            outcome = await runner.run("measured", MeasuredRequest(results_dir), lang)
+        except OpenAIError as err:
+            return _error(err)
+        return Response(outcome.text, media_type="application/json")
+
+    @router.get("/lab/api/measure")
+    async def measure_status() -> Response:
+        return JSONResponse({"can_measure": live_engine is not None, **job.status()})
+
+    @router.post("/lab/api/measure")
+    async def measure(request: Request) -> Response:
+        lang = _language(request)
+        if live_engine is None:  # `servelab lab web` serves no model: nothing here to measure with
+            return _error(measure_unavailable(lang))
+        if not job.start():
+            return _error(lab_busy(lang))
+        return JSONResponse({"can_measure": True, **job.status()}, status_code=202)
 
     return router

@@ -813,5 +813,6 @@
     scheduleRun(0);
   }
 
+  window.LabPage = { body: buildBody }; // the current inputs, for the autoscaling panel (autoscale.js)
   init();
 })();
