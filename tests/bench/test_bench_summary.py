@@ -119,3 +119,12 @@ def test_stage_helpers():
     hf = {"stage": "hf", "completed": 3, "failed": 0, "duration": 2.0, "request_throughput": 1.5,
           "output_throughput": 7.0}
     assert comparison_row(hf)["TTFT p99 ms"] == "-" and comparison_row(hf)["output tok/s"] == 7.0
+
+
+def test_stage_5_is_continuous_batching_disaggregated_one_to_one():
+    assert parse_stages("continuous,disaggregated") == ["continuous", "disaggregated"]
+    flags = stage_flags("disaggregated", 8, 10, "--dtype float32")
+    assert flags[:6] == ["--schedule", "continuous", "--disaggregate", "1:1", "--max-num-seqs", "8"]
+    runs = [{"schedule": "continuous", "output_throughput": 40.0, "p99_ttft_ms": 100.0},
+            {"schedule": "disaggregated", "output_throughput": 30.0, "p99_ttft_ms": 150.0}]
+    assert ratios(runs) == {"disaggregated_vs_continuous_output_throughput": 0.75}

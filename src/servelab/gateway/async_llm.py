@@ -24,15 +24,15 @@ import asyncio
 import logging
 import itertools
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Sequence
 
-from servelab.core.messages import EngineCoreRequest, EngineLimits, KVTransferParams
-from servelab.core.plan import SampledToken
+from servelab.core.messages import EngineCoreRequest, EngineLimits
 from servelab.engine.core_client import EngineCoreClient, EngineDeadError, EngineStepError
 from servelab.engine.core_protocol import EngineStepOutputs
 from servelab.engine.input_processor import InputProcessor, PromptType
 from servelab.gateway.engine_loads import EngineLoads
+from servelab.gateway.kv_handoff import decode_request, first_token_output, prefill_request
 from servelab.gateway.request_stream import RequestStream
 from servelab.metrics.events import EngineEvents
 from servelab.model.tokenizer import Tokenizer
@@ -141,15 +141,13 @@ class AsyncLLM:
         if request.request_id in self._tracked:
             stream.on_error(ValueError(f"duplicate request id {request.request_id!r}"))
             return stream
-        decode_request = None
+        later = None
         if self.disaggregated:
             if request.sampling_params.n != 1:
                 stream.on_error(ValueError("n > 1 is not supported with --disaggregate"))
                 return stream
             index = self._loads.pick(self.prefill_indices)
-            if request.max_tokens > 1:
-                decode_request = request
-                request = replace(request, max_tokens=1, kv_transfer=KVTransferParams(do_remote_decode=True))
+            request, later = prefill_request(request)
         else:
             index = self._loads.pick()
         num_requests = request.sampling_params.n
@@ -158,7 +156,7 @@ class AsyncLLM:
         except EngineDeadError as exc:
             stream.on_error(exc)
             return stream
-        self._tracked[request.request_id] = _Tracked(stream, index, num_requests, decode_request=decode_request)
+        self._tracked[request.request_id] = _Tracked(stream, index, num_requests, decode_request=later)
         self._loads.sent(index, num_requests)
         return stream
 
@@ -260,22 +258,13 @@ class AsyncLLM:
     def _hand_off(self, t: _Tracked, output: RequestOutput, output_time: float) -> bool:
         """A prefill finished with its first token: send the request to the least loaded decode core and
         tell the prefill core to send it the KV. False when it ends here instead (a stop, an abort)."""
-        request, t.decode_request = t.decode_request, None
-        completion = output.outputs[0]
-        prefill = t.engine_index
-        if completion.finish_reason != "length" or t.aborting:
+        prefill, tag = t.engine_index, next(self._kv_tags)
+        request, t.decode_request = decode_request(t.decode_request, output, prefill, tag), None
+        if request is None or t.aborting:
             return False  # the prefill core freed (or, on the abort it got, frees) the blocks
         decode = self._loads.pick(self.decode_indices)
-        tag = next(self._kv_tags)
-        logprob = completion.logprobs[0] if completion.logprobs else None
-        first = SampledToken(completion.token_ids[0], logprob.logprob if logprob else None,
-                             logprob.top_logprobs if logprob else None)
-        metrics = output.metrics
-        params = KVTransferParams(do_remote_prefill=True, remote_engine=prefill, tag=tag, first_token=first,
-                                  first_scheduled_time=metrics.first_scheduled_time if metrics else None,
-                                  first_token_time=metrics.first_token_time if metrics else None)
         try:
-            self.cores[decode].add_request(replace(request, kv_transfer=params))
+            self.cores[decode].add_request(request)
         except EngineDeadError as exc:
             self.cores[prefill].abort_requests([request.request_id])
             del self._tracked[request.request_id]
@@ -285,8 +274,7 @@ class AsyncLLM:
         t.engine_index, t.prefill_index = decode, prefill
         t.accepted = False  # until the decode core takes it (its load counts it as in transit meanwhile)
         self._loads.sent(decode, 1)
-        running = replace(completion, finish_reason=None, stop_reason=None)
-        t.stream.on_output(replace(output, outputs=[running], finished=False), output_time)
+        t.stream.on_output(first_token_output(output), output_time)
         return True
 
     def _on_dead(self, index: int, error: EngineDeadError) -> None:
