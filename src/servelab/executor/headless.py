@@ -11,7 +11,7 @@ from multiprocessing.connection import wait
 from servelab.config import EngineConfig
 from servelab.distributed.messages import WorkerFailed
 from servelab.engine_args import EngineArgs
-from servelab.executor.multiproc_executor import _num_cores, spawn_workers
+from servelab.executor.multiproc_executor import num_cores, spawn_workers
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ def headless_config(args: EngineArgs) -> tuple[str, EngineConfig]:
 def run_headless(args: EngineArgs) -> int:
     folder, config = headless_config(args)
     parallel = config.parallel
-    threads = args.num_threads or max(1, _num_cores() // parallel.ranks_per_node)
+    threads = args.num_threads or max(1, num_cores() // parallel.ranks_per_node)
     workers = spawn_workers(folder, config, parallel.master_addr, parallel.master_port, threads,
                             COLLECTIVE_TIMEOUT_S)
     ranks = list(parallel.local_ranks)

@@ -33,7 +33,7 @@ from servelab.executor.tp_worker import run_worker
 logger = logging.getLogger(__name__)
 
 
-def _num_cores() -> int:
+def num_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
@@ -192,7 +192,7 @@ class MultiprocExecutor:
         if parallel.node_rank != 0:
             raise ValueError(f"node {parallel.node_rank} runs only its worker ranks, not an engine: start it "
                              "with `servelab serve --headless`")
-        threads = num_threads or max(1, _num_cores() // parallel.ranks_per_node)
+        threads = num_threads or max(1, num_cores() // parallel.ranks_per_node)
         store = dist.TCPStore(parallel.master_addr, parallel.master_port or 0, is_master=True,
                               wait_for_workers=False, timeout=timedelta(seconds=startup_timeout_s))
         workers = spawn_workers(folder, config, parallel.master_addr, store.port, threads, collective_timeout_s)
