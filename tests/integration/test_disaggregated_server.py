@@ -131,3 +131,15 @@ def test_killed_decode_instance_ends_the_stream_and_the_server_exits_1(start_ser
     assert health.status_code == 503 and "killed by signal 9" in health.json()["error"]["message"]
     assert server.proc.wait(timeout=GRACE_S + 20) == 1
     assert wait_gone(processes) == []
+
+
+def test_live_layout_shows_the_instances_roles_and_their_kv_handoffs(pd12):
+    before = httpx.get(f"{pd12.url}/lab/api/live/layout", timeout=10).json()["engines"]
+    for i in range(4):
+        body = {"prompt": f"Layout {i}", "max_tokens": 3, "ignore_eos": True}
+        assert httpx.post(f"{pd12.url}/v1/completions", json=body, timeout=60).status_code == 200
+    engines = httpx.get(f"{pd12.url}/lab/api/live/layout", timeout=10).json()["engines"]
+    assert [e["role"] for e in engines] == ["prefill", "decode", "decode"]
+    sent = engines[0]["num_kv_handoffs"] - before[0]["num_kv_handoffs"]
+    received = sum(e["num_kv_handoffs"] - b["num_kv_handoffs"] for e, b in zip(engines[1:], before[1:]))
+    assert sent == received == 4

@@ -37,6 +37,8 @@ class EngineDeadError(RuntimeError):
 
 class EngineCoreClient(Protocol):
     info: EngineReady
+    # KV handoffs ordered through this client: sends (prefill side) plus prefilled requests added (decode side)
+    num_kv_handoffs: int
 
     def start(self) -> None: ...
 
@@ -70,6 +72,7 @@ class InprocClient:
         self._outputs: asyncio.Queue[EngineStepOutputs | EngineDeadError] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self.num_kv_handoffs = 0
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -80,12 +83,14 @@ class InprocClient:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self._post(AddRequest(request), refuse=True)
+        self.num_kv_handoffs += request.kv_transfer is not None and request.kv_transfer.do_remote_prefill
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self._post(AbortRequests(list(request_ids)), refuse=False)
 
     def send_kv(self, request_id: str, dst: int, tag: int) -> None:
         self._post(SendKV(request_id, dst, tag), refuse=False)
+        self.num_kv_handoffs += 1
 
     async def get_output(self) -> EngineStepOutputs:
         item = await self._outputs.get()

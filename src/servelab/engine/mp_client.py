@@ -51,6 +51,7 @@ class MPClient:
         self._output.bind(f"ipc://{self._dir}/output")
         self._async_output: zmq.asyncio.Socket | None = None
         self._closed = False
+        self.num_kv_handoffs = 0  # see EngineCoreClient
         self.process = multiprocessing.get_context("spawn").Process(
             target=run_engine_core, name=f"servelab-engine-core-{engine_index}",
             args=(factory, engine_index, f"ipc://{self._dir}/input", f"ipc://{self._dir}/output", os.getpid(),
@@ -87,6 +88,7 @@ class MPClient:
     def add_request(self, request: EngineCoreRequest) -> None:
         if not self._send(AddRequest(request)):
             raise EngineDeadError(self.death_message())
+        self.num_kv_handoffs += request.kv_transfer is not None and request.kv_transfer.do_remote_prefill
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self._send(AbortRequests(list(request_ids)))
@@ -94,6 +96,7 @@ class MPClient:
     def send_kv(self, request_id: str, dst: int, tag: int) -> None:
         """Disaggregated prefill/decode: hand a finished prefill's KV to engine dst (see SendKV)."""
         self._send(SendKV(request_id, dst, tag))
+        self.num_kv_handoffs += 1
 
     def _send(self, message) -> bool:
         if self._closed or not self.process.is_alive():

@@ -52,5 +52,6 @@ def process_layout(cores: list[EngineCoreClient]) -> ProcessLayout:
     for core in cores:
         info = core.info
         ranks = tuple(RankLayout(r.rank, r.pid, r.host) for r in info.ranks) or (RankLayout(0, info.pid, host),)
-        engines.append(EngineLayout(info.engine_index, info.role, info.pid, core.is_alive(), ranks))
+        engines.append(EngineLayout(info.engine_index, info.role, info.pid, core.is_alive(), ranks,
+                                    core.num_kv_handoffs))
     return ProcessLayout(os.getpid(), host, tuple(engines))
