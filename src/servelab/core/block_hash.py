@@ -11,6 +11,7 @@ import hashlib
 from array import array
 from collections.abc import Sequence
 
+from servelab.core.block_manager import BlockManager
 from servelab.core.request import Request
 
 # The parent of a request's first block.
@@ -40,3 +41,12 @@ def request_block_hashes(request: Request, block_size: int, num_blocks: int) -> 
             parent = hash_block_tokens(parent, request.token_ids_slice(index * block_size, (index + 1) * block_size))
             hashes.append(parent)
     return hashes
+
+
+def cache_computed_blocks(block_manager: BlockManager, request: Request) -> None:
+    """Enter the request's full blocks whose KV is computed in the block manager's prefix cache (when
+    caching is on and the request takes part); those entered before are skipped."""
+    if block_manager.enable_caching and request.cache_prefix:
+        block_size = block_manager.block_size
+        num_full = request.num_computed_tokens // block_size
+        block_manager.cache_blocks(request.request_id, request_block_hashes(request, block_size, num_full), num_full)

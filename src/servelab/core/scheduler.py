@@ -18,7 +18,7 @@ from collections import deque
 from typing import Iterable
 
 from servelab.config import SchedulerConfig
-from servelab.core.block_hash import request_block_hashes
+from servelab.core.block_hash import cache_computed_blocks, request_block_hashes
 from servelab.core.block_manager import BlockManager
 from servelab.core.plan import ScheduledRequest, StepPlan, StepResult
 from servelab.core.request import Request, RequestStatus
@@ -231,7 +231,7 @@ class Scheduler:
         sampled_tokens = result.sampled
         bm = self.block_manager
         record_tokens = bm.record_tokens if self.contiguous else None
-        caching, block_size = bm.enable_caching, bm.block_size
+        caching = bm.enable_caching
         for scheduled in plan.scheduled:
             request = requests.get(scheduled.request_id)
             if request is None:  # aborted while the step ran
@@ -240,8 +240,7 @@ class Scheduler:
             if record_tokens is not None:
                 record_tokens(request.request_id, request.num_computed_tokens)
             if caching and request.cache_prefix:
-                num_full = request.num_computed_tokens // block_size
-                bm.cache_blocks(request.request_id, request_block_hashes(request, block_size, num_full), num_full)
+                cache_computed_blocks(bm, request)
             sampled = sampled_tokens.get(request.request_id) if scheduled.sample else None
             if sampled is None:
                 continue
