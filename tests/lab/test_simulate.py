@@ -159,6 +159,9 @@ def test_prefix_caching_skips_the_shared_prefix_prefill():
     # every request but each prefix's first finds the prefix's 32 blocks cached (the suffix is its own)
     assert scheduler.prefix_cache_hits_total == 98 * 512
     assert off.instances[0].core.scheduler.prefix_cache_hits_total == 0
+    meter = evaluate(deployment(), w).meters["prefix_cache"]
+    assert (meter["queried_tokens"], meter["hit_tokens"]) == (100 * 544, 98 * 512)
+    assert "prefix_cache" not in evaluate(deployment(enable_prefix_caching=False), w).meters
 
     def prefill_tokens(result):
         return sum(s.num_prefill_tokens for instance in result.instances for s in instance.step_stats)
