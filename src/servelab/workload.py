@@ -175,7 +175,8 @@ def describe(config: WorkloadConfig) -> str:
         if config.range_ratio:
             lengths += f" (±{config.range_ratio:.0%})"
     elif config.shares_prefixes:
-        lengths = (f"{config.effective_num_prefixes} shared prefixes of {config.effective_prefix_len} + suffix "
+        num = config.effective_num_prefixes
+        lengths = (f"{num} shared prefix{'es' if num != 1 else ''} of {config.effective_prefix_len} + suffix "
                    f"{config.input_len or DEFAULT_SUFFIX_LEN} / output {config.output_len or DEFAULT_OUTPUT_LEN}")
         if config.range_ratio:
             lengths += f" (±{config.range_ratio:.0%})"
