@@ -16,6 +16,8 @@ class CacheConfig:
     kv_cache_memory: float = 2.0
     # Overrides kv_cache_memory when set (tests use tiny pools to force preemption).
     num_blocks: int | None = None
+    # Share the KV of full blocks between requests with the same prefix (paged stages only).
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -18,6 +18,7 @@ class EngineArgs:
     kv_cache_memory: float = 2.0
     block_size: int = 16
     num_kv_blocks: int | None = None
+    enable_prefix_caching: bool = True
     num_threads: int | None = None
     tensor_parallel_size: int = 1
     nnodes: int = 1
@@ -53,6 +54,9 @@ class EngineArgs:
         parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
         parser.add_argument("--num-kv-blocks", type=int, default=None,
                             help="exact KV pool size in blocks (overrides --kv-cache-memory)")
+        parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                            help="reuse the KV of full blocks that earlier requests computed for the same "
+                                 "prefix (continuous schedule; --no-enable-prefix-caching turns it off)")
         parser.add_argument("--num-threads", type=int, default=None,
                             help="torch CPU threads per process (default: the cores, shared among the TP ranks)")
         parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
@@ -92,7 +96,7 @@ class EngineArgs:
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(block_size=self.block_size, kv_cache_memory=self.kv_cache_memory,
-                           num_blocks=self.num_kv_blocks)
+                           num_blocks=self.num_kv_blocks, enable_prefix_caching=self.enable_prefix_caching)
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes,

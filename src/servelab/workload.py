@@ -4,6 +4,10 @@ Shared by the lab simulator and the load generator (`servelab bench serve`), so 
 same arrivals and lengths in both. Flags and their meaning follow `vllm bench serve`:
 --request-rate (inf: all at t=0), --burstiness (gamma shape; 1 = Poisson), --range-ratio (lengths
 uniform in [len*(1-r), len*(1+r)]).
+
+prefix-shared is vLLM's prefix-repetition shape: num_prefixes prefixes of prefix_len tokens, each request
+one of them (drawn uniformly) followed by its own suffix of input_len tokens. Its requests carry the
+prefix they share (prefix_group), which the lab turns into token ids that hash alike.
 """
 from __future__ import annotations
 
@@ -15,10 +19,14 @@ import numpy as np
 from servelab.errors import FieldError, check_fields
 from servelab.rate_schedule import parse_rate_schedule
 
-DATASETS = ("random", "sharegpt-like", "sharegpt-llama3")
+DATASETS = ("random", "sharegpt-like", "sharegpt-llama3", "prefix-shared")
 # vllm bench serve's random-dataset defaults.
 DEFAULT_INPUT_LEN = 1024
 DEFAULT_OUTPUT_LEN = 128
+# vllm bench serve's prefix-repetition defaults (prefix, suffix and output length, number of prefixes).
+DEFAULT_PREFIX_LEN = 256
+DEFAULT_SUFFIX_LEN = 256
+DEFAULT_NUM_PREFIXES = 10
 
 # ShareGPT-like lengths: lognormal fits to ShareGPT V3 conversations (first turn, Llama tokenizer):
 # mean prompt ~160 tokens, mean output ~340 tokens, long right tails. Filtered like vLLM's ShareGPT
@@ -46,6 +54,9 @@ class WorkloadConfig:
     # A rate that changes over time (rate_schedule.py); it sets the arrivals and their number, replacing
     # request_rate and num_prompts.
     rate_schedule: str | None = None
+    # prefix-shared only (None: the defaults above); input_len is then each request's own suffix.
+    prefix_len: int | None = None
+    num_prefixes: int | None = None
 
     def __post_init__(self) -> None:
         check_fields([
@@ -66,7 +77,25 @@ class WorkloadConfig:
             (not (self.dataset == "sharegpt-llama3" and self.input_len is not None),
              "sharegpt-llama3 draws prompt lengths from its own distribution; use {dataset} random for a fixed "
              "{input_len}", ("input_len", "dataset")),
+            (self.dataset == "prefix-shared" or self.prefix_len is None and self.num_prefixes is None,
+             "{prefix_len} and {num_prefixes} shape the prefix-shared dataset only", ("prefix_len", "num_prefixes")),
+            (self.prefix_len is None or self.prefix_len >= 1, f"{{prefix_len}} must be >= 1, got {self.prefix_len}",
+             ("prefix_len",)),
+            (self.num_prefixes is None or self.num_prefixes >= 1,
+             f"{{num_prefixes}} must be >= 1, got {self.num_prefixes}", ("num_prefixes",)),
         ])
+
+    @property
+    def shares_prefixes(self) -> bool:
+        return self.dataset == "prefix-shared"
+
+    @property
+    def effective_prefix_len(self) -> int:
+        return self.prefix_len or DEFAULT_PREFIX_LEN
+
+    @property
+    def effective_num_prefixes(self) -> int:
+        return self.num_prefixes or DEFAULT_NUM_PREFIXES
 
 
 @dataclass(frozen=True)
@@ -74,6 +103,9 @@ class SampledRequest:
     arrival_time: float  # seconds after the first request
     prompt_len: int
     output_len: int
+    # prefix-shared: which of the workload's prefixes the prompt starts with, and its length
+    prefix_group: int | None = None
+    prefix_len: int = 0
 
 
 def generate_workload(config: WorkloadConfig) -> list[SampledRequest]:
@@ -92,13 +124,21 @@ def generate_workload(config: WorkloadConfig) -> list[SampledRequest]:
     prompt_lens, output_lens = sample_lengths(config, np.random.default_rng(length_seed))
     arrivals = sample_arrival_times(config.num_prompts, config.request_rate, config.burstiness,
                                     np.random.default_rng(arrival_seed))
+    if config.shares_prefixes:
+        prefix_len = config.effective_prefix_len
+        # a stream of its own (the bench's token ids take the third): lengths and arrivals stay those of random
+        groups = np.random.default_rng(np.random.SeedSequence(config.seed).spawn(4)[3]).integers(
+            config.effective_num_prefixes, size=config.num_prompts)
+        return [SampledRequest(float(t), prefix_len + int(p), int(o), int(g), prefix_len)
+                for t, p, o, g in zip(arrivals, prompt_lens, output_lens, groups)]
     return [SampledRequest(float(t), int(p), int(o)) for t, p, o in zip(arrivals, prompt_lens, output_lens)]
 
 
 def sample_lengths(config: WorkloadConfig, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     n = config.num_prompts
-    if config.dataset == "random":
-        prompt = _uniform_lengths(config.input_len or DEFAULT_INPUT_LEN, config.range_ratio, n, rng)
+    if config.dataset in ("random", "prefix-shared"):
+        default_len = DEFAULT_SUFFIX_LEN if config.shares_prefixes else DEFAULT_INPUT_LEN
+        prompt = _uniform_lengths(config.input_len or default_len, config.range_ratio, n, rng)
         output = _uniform_lengths(config.output_len or DEFAULT_OUTPUT_LEN, config.range_ratio, n, rng)
         return prompt, output
     if config.dataset == "sharegpt-llama3":
@@ -145,6 +185,12 @@ def describe(config: WorkloadConfig) -> str:
     rate = "inf" if math.isinf(config.request_rate) else f"{config.request_rate:g}"
     if config.dataset == "random":
         lengths = f"input {config.input_len or DEFAULT_INPUT_LEN} / output {config.output_len or DEFAULT_OUTPUT_LEN}"
+        if config.range_ratio:
+            lengths += f" (±{config.range_ratio:.0%})"
+    elif config.shares_prefixes:
+        num = config.effective_num_prefixes
+        lengths = (f"{num} shared prefix{'es' if num != 1 else ''} of {config.effective_prefix_len} + suffix "
+                   f"{config.input_len or DEFAULT_SUFFIX_LEN} / output {config.output_len or DEFAULT_OUTPUT_LEN}")
         if config.range_ratio:
             lengths += f" (±{config.range_ratio:.0%})"
     else:

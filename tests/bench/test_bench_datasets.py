@@ -66,3 +66,16 @@ def test_bad_jsonl_lines_say_where(tmp_path, text, message):
         read_jsonl(path)
     with pytest.raises(ValueError, match="no such file"):
         read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_prefix_shared_prompts_share_their_groups_prefix(tokenizer):
+    config = WorkloadConfig(dataset="prefix-shared", num_prompts=12, prefix_len=40, num_prefixes=2, input_len=8,
+                            output_len=4, seed=5)
+    requests = build_requests(config, tokenizer)
+    groups = [s.prefix_group for s in generate_workload(config)]
+    prefixes = {}
+    for r, group in zip(requests, groups):
+        assert len(r.prompt) == r.prompt_len == 48
+        assert prefixes.setdefault(group, r.prompt[:40]) == r.prompt[:40]
+    assert len(prefixes) == 2 and prefixes[0] != prefixes[1]
+    assert len({tuple(r.prompt[40:]) for r in requests}) == 12  # every suffix its own

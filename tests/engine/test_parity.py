@@ -63,3 +63,23 @@ def test_greedy_matches_hf(model_case, schedule):
     if schedule == "preempt":
         assert llm.engine.get_state().num_preemptions_total > 0
     assert_engine_clean(llm)
+
+
+def test_prefix_cache_hits_match_hf(model_case):
+    """Requests starting from cached blocks give HF's tokens: the same prompts again (each hits its own
+    full blocks, short of its last token), and new prompts sharing a prefix with one that ran."""
+    folder, prompts, expected = model_case
+    longest = prompts[-1]  # 100 tokens: 6 full blocks
+    shared = [longest[:48] + prompts[5][:9], longest[:40]]  # 3 cached blocks + 9 new tokens; 2 blocks + 8
+    llm = LLM(str(folder), dtype="float32")
+    params = SamplingParams(temperature=0, max_tokens=NUM_NEW)
+    first = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    assert [o.outputs[0].token_ids for o in first] == expected
+    state = llm.engine.get_state()
+    assert (state.prefix_cache_queries_total, state.prefix_cache_hits_total) == (sum(map(len, prompts)), 0)
+    again = llm.generate([{"prompt_token_ids": p} for p in prompts + shared], params)
+    assert [o.outputs[0].token_ids for o in again] == expected + hf_greedy(folder, shared)
+    hits = llm.engine.get_state().prefix_cache_hits_total
+    # each prompt again: its full blocks short of the last token; the new ones: 3 and 2 blocks of `longest`
+    assert hits == sum((len(p) - 1) // 16 * 16 for p in prompts) + 48 + 32
+    assert_engine_clean(llm)

@@ -106,3 +106,15 @@ def test_engine_label_per_core_and_the_snapshot_sums_them():
     assert (snap["num_requests_running"], snap["num_requests_waiting"], snap["generation_tokens_total"]) == (3, 1, 3)
     assert (snap["kv_cache_num_blocks"], snap["kv_cache_num_free_blocks"], snap["kv_cache_usage_perc"]) == (16, 10, 6 / 16)
     assert snap["max_num_seqs"] == 8 and snap["num_preemptions_total"] == 4
+
+
+def test_prefix_cache_counters_add_what_each_engine_reports():
+    metrics = ServerMetrics("m", weight_bytes=1, num_engines=2)
+    assert scrape(metrics)["servelab:prefix_cache_queries_total"] == 0
+    for queries, hits in ((100, 0), (250, 96)):
+        metrics.record_state(EngineState(0, 0, 0.0, 8, 8, 4, 0, 4, 0, queries, hits), engine_index=0)
+    metrics.record_state(EngineState(0, 0, 0.0, 8, 8, 4, 0, 4, 0, 10, 5), engine_index=1)
+    text = generate_latest(metrics.registry).decode()
+    assert 'servelab:prefix_cache_queries_total{engine="0",model_name="m"} 250.0' in text
+    assert 'servelab:prefix_cache_hits_total{engine="0",model_name="m"} 96.0' in text
+    assert 'servelab:prefix_cache_hits_total{engine="1",model_name="m"} 5.0' in text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import openai
@@ -22,7 +23,7 @@ REQUIRED_METRICS = [
     "time_per_output_token_seconds_count", "request_time_per_output_token_seconds_count",
     "inter_token_latency_seconds_count", "e2e_request_latency_seconds_count",
     "request_queue_time_seconds_count", "iteration_tokens_total_count", "batch_slot_saturation",
-    "kv_cache_reserved_unused_slots", "weight_bytes",
+    "kv_cache_reserved_unused_slots", "weight_bytes", "prefix_cache_queries_total", "prefix_cache_hits_total",
 ]
 
 
@@ -321,6 +322,28 @@ def test_prometheus_metrics(server):
     assert values["servelab:time_to_first_token_seconds_count"] > 0
     assert values["servelab:request_success_total{finished_reason=length}"] > 0
     assert values["servelab:weight_bytes{device=cpu}"] > 0
+
+
+def settled_prefix_counters(url: str) -> tuple[float, float]:
+    """(queries, hits) once two scrapes a few metrics intervals apart agree (earlier tests' requests counted)."""
+    last = None
+    for _ in range(50):
+        values = metric_values(url)
+        now = (values["servelab:prefix_cache_queries_total"], values["servelab:prefix_cache_hits_total"])
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.5)
+    raise AssertionError("prefix cache counters never settled")
+
+
+def test_prefix_cache_counters_count_a_repeated_prompt(server):
+    queries, hits = settled_prefix_counters(server.url)
+    prompt = list(range(1000, 1040))  # 40 tokens: 2 full blocks of 16 ahead of the last token
+    for _ in range(2):  # one after the other: the first one's blocks are cached when the second arrives
+        assert post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 1}).status_code == 200
+    wait_for_metrics(server.url, lambda v: v["servelab:prefix_cache_queries_total"] >= queries + 80)
+    assert settled_prefix_counters(server.url) == (queries + 80, hits + 32)
 
 
 def test_metrics_stream(server):

@@ -46,29 +46,36 @@ class StubExecutor:
         return StepResult({s.request_id: SampledToken(TOKEN) for s in plan.scheduled if s.sample}, STEP)
 
 
-def make_engine(config=SchedulerConfig(), num_blocks=16, block_size=4, decode_runs=True):
+def make_engine(config=SchedulerConfig(), num_blocks=16, block_size=4, decode_runs=True, enable_caching=False):
     stats = []
-    engine = EngineCore(Scheduler(config, BlockManager(num_blocks, block_size)), StubExecutor(), VirtualClock(),
-                        stats_sink=stats.append, decode_runs=decode_runs)
+    engine = EngineCore(Scheduler(config, BlockManager(num_blocks, block_size, enable_caching)), StubExecutor(),
+                        VirtualClock(), stats_sink=stats.append, decode_runs=decode_runs)
     return engine, stats
 
 
-def make(policy, num_blocks, block_size, max_num_seqs, budget, spread, seed, decode_runs):
+def make(policy, num_blocks, block_size, max_num_seqs, budget, spread, seed, decode_runs, shared_prefixes=False):
+    """shared_prefixes: prefix caching on, and each prompt one of 3 prefixes then a suffix of its own."""
     rng = random.Random(seed)
     config = SchedulerConfig(policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
     arrivals = []  # (arrival step, request)
     for i in range(12):
         prompt, out = rng.randint(1, 14), rng.randint(1, 12)
-        arrivals.append((rng.randint(0, spread), Request(f"r{i}", list(range(1, prompt + 1)),
-                                                     SamplingParams(max_tokens=out, ignore_eos=True), out)))
-    return make_engine(config, num_blocks, block_size, decode_runs), sorted(arrivals, key=lambda a: a[0])
+        if shared_prefixes:
+            tokens = [100 + rng.randint(0, 2)] * rng.randint(0, 9) + [-1 - i] * prompt
+        else:
+            tokens = list(range(1, prompt + 1))
+        arrivals.append((rng.randint(0, spread), Request(f"r{i}", tokens, SamplingParams(max_tokens=out, ignore_eos=True),
+                                                     out, cache_prefix=shared_prefixes)))
+    engine = make_engine(config, num_blocks, block_size, decode_runs, enable_caching=shared_prefixes)
+    return engine, sorted(arrivals, key=lambda a: a[0])
 
 
 def snapshot(engine):
     bm = engine.scheduler.block_manager
     bm.check_invariants()
     return ({k: list(v) for k, v in bm.block_tables.items()}, bm._live_free_ids(), bm.num_reserved_unused_slots(),
-            [r.request_id for r in engine.scheduler.running], [r.request_id for r in engine.scheduler.waiting])
+            [r.request_id for r in engine.scheduler.running], [r.request_id for r in engine.scheduler.waiting],
+            engine.scheduler.prefix_cache_hits_total)
 
 
 def drive(engine_and_stats, arrivals, rng):
@@ -110,13 +117,17 @@ CASES = [  # policy, num_blocks, block_size, max_num_seqs, budget, arrival sprea
 ]
 
 
+@pytest.mark.parametrize("shared_prefixes", [False, True], ids=["", "prefix-caching"])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5])
-def test_runs_match_single_steps(case, seed):
+def test_runs_match_single_steps(case, seed, shared_prefixes):
     """Also: after every run the block manager's reserved-unused count is the single steps' one, and
-    the StepStats the engine emits carries it."""
-    single_snaps, single_out = drive(*make(*case, seed, decode_runs=False), rng=random.Random(seed))
-    (engine, stats), arrivals = make(*case, seed, decode_runs=True)
+    the StepStats the engine emits carries it. With prefix caching, the same blocks are found cached."""
+    if shared_prefixes and case[0] != "continuous":
+        pytest.skip("prefix caching is for paged allocation")
+    single_snaps, single_out = drive(*make(*case, seed, decode_runs=False, shared_prefixes=shared_prefixes),
+                                     rng=random.Random(seed))
+    (engine, stats), arrivals = make(*case, seed, decode_runs=True, shared_prefixes=shared_prefixes)
     multi_snaps, multi_out = drive((engine, stats), arrivals, rng=random.Random(seed))
     assert multi_out == single_out
     assert set(multi_snaps) <= set(single_snaps)
@@ -124,6 +135,8 @@ def test_runs_match_single_steps(case, seed):
         assert snap == single_snaps[step], f"state differs after step {step}"
     assert max(multi_snaps) == max(single_snaps)
     assert any(s.num_steps > 1 for s in stats)  # runs did happen
+    if shared_prefixes:
+        assert engine.scheduler.prefix_cache_hits_total > 0
 
 
 def test_lazily_written_tokens_settle_on_abort_and_full_step():

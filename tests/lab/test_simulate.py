@@ -148,3 +148,28 @@ def test_bad_shapes_are_field_errors():
         deployment(num_gpus=3, num_prefill_instances=1, num_decode_instances=3)
     with pytest.raises(ValueError, match="does not divide"):
         deployment(model="qwen2.5-7b", num_gpus=8, tensor_parallel_size=8)
+
+
+def test_prefix_caching_skips_the_shared_prefix_prefill():
+    w = generate_workload(WorkloadConfig(dataset="prefix-shared", num_prompts=100, prefix_len=512, num_prefixes=2,
+                                         input_len=32, output_len=16, request_rate=4))
+    on, off = simulate(deployment(), w), simulate(deployment(enable_prefix_caching=False), w)
+    scheduler = on.instances[0].core.scheduler
+    assert scheduler.prefix_cache_queries_total == sum(r.prompt_len for r in w) == 100 * 544
+    # every request but each prefix's first finds the prefix's 32 blocks cached (the suffix is its own)
+    assert scheduler.prefix_cache_hits_total == 98 * 512
+    assert off.instances[0].core.scheduler.prefix_cache_hits_total == 0
+    meter = evaluate(deployment(), w).meters["prefix_cache"]
+    assert (meter["queried_tokens"], meter["hit_tokens"]) == (100 * 544, 98 * 512)
+    assert "prefix_cache" not in evaluate(deployment(enable_prefix_caching=False), w).meters
+
+    def prefill_tokens(result):
+        return sum(s.num_prefill_tokens for instance in result.instances for s in instance.step_stats)
+
+    assert prefill_tokens(off) - prefill_tokens(on) == 98 * 512
+    ttft = lambda result: sum(r.times.first_token - r.arrival_time for r in result.requests)  # noqa: E731
+    assert ttft(on) < ttft(off)
+    # with nothing shared, the switch changes nothing
+    plain = workload(num_prompts=50)
+    assert ([r.times.token_times for r in simulate(deployment(), plain).requests]
+            == [r.times.token_times for r in simulate(deployment(enable_prefix_caching=False), plain).requests])

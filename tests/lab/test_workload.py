@@ -53,3 +53,17 @@ def test_bad_workloads_say_what_is_wrong(kwargs, message):
     with pytest.raises(ValueError, match=message):
         WorkloadConfig(**kwargs)
     assert math.isinf(WorkloadConfig().request_rate)
+
+
+def test_prefix_shared_is_vllms_prefix_repetition_shape():
+    config = WorkloadConfig(dataset="prefix-shared", num_prompts=400, prefix_len=100, num_prefixes=4, input_len=20,
+                            output_len=8, request_rate=3, seed=2)
+    w = generate_workload(config)
+    assert {(r.prompt_len, r.prefix_len, r.output_len) for r in w} == {(120, 100, 8)}
+    assert sorted({r.prefix_group for r in w}) == [0, 1, 2, 3]
+    # the same arrivals and (suffix) lengths as random with the same seed
+    random = generate_workload(WorkloadConfig(num_prompts=400, input_len=20, output_len=8, request_rate=3, seed=2))
+    assert [r.arrival_time for r in w] == [r.arrival_time for r in random]
+    assert all(r.prefix_group is None for r in random)
+    with pytest.raises(ValueError, match="prefix-shared"):
+        WorkloadConfig(prefix_len=10)

@@ -1,7 +1,8 @@
 """Requests for `servelab bench serve`: the lab's seeded workload (arrivals and lengths, see
 lab/workload.py) made into prompts a server can run.
 
-`random` and `sharegpt-like` prompts are random ordinary token ids of the sampled length. They go to
+`random` and `sharegpt-like` prompts are random ordinary token ids of the sampled length; `prefix-shared`
+prompts are one of the workload's random prefixes followed by a random suffix of their own. They go to
 /v1/completions as token ids (exact length, works against servelab and vLLM), or, for chat endpoints
 and servers without token-id prompts, as text decoded with the model's tokenizer and re-encoded until
 it has exactly the sampled length. `jsonl` reads prompts from a file, one JSON object per line:
@@ -18,7 +19,7 @@ import numpy as np
 from servelab.workload import DEFAULT_OUTPUT_LEN, WorkloadConfig, generate_workload
 from servelab.model.tokenizer import Tokenizer
 
-BENCH_DATASETS = ("random", "sharegpt-like", "jsonl")
+BENCH_DATASETS = ("random", "sharegpt-like", "prefix-shared", "jsonl")
 PROMPT_FORMATS = ("ids", "text")
 MAX_LENGTH_FIXES = 16
 
@@ -57,9 +58,17 @@ def build_requests(config: WorkloadConfig, tokenizer: Tokenizer, prompt_format: 
     # A third stream of the same seed: the arrival and length streams stay those of `lab simulate`.
     rng = np.random.default_rng(np.random.SeedSequence(config.seed).spawn(3)[2])
     vocab = ordinary_token_ids(tokenizer)
+    prefixes = {}  # prefix group -> its token ids, drawn when first needed
     requests = []
     for sampled in workload:
-        ids = rng.integers(vocab.start, vocab.stop, size=sampled.prompt_len).tolist()
+        if sampled.prefix_group is None:
+            ids = rng.integers(vocab.start, vocab.stop, size=sampled.prompt_len).tolist()
+        else:
+            prefix = prefixes.get(sampled.prefix_group)
+            if prefix is None:
+                prefix = prefixes[sampled.prefix_group] = rng.integers(vocab.start, vocab.stop,
+                                                                       size=sampled.prefix_len).tolist()
+            ids = prefix + rng.integers(vocab.start, vocab.stop, size=sampled.prompt_len - sampled.prefix_len).tolist()
         prompt: list[int] | str = ids
         if prompt_format == "text":
             prompt = exact_length_text(ids, tokenizer, vocab, rng)

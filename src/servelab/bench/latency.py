@@ -28,10 +28,12 @@ def run(args: argparse.Namespace) -> int:
 
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
-    prompt = {"prompt_token_ids": [100 + i % 1000 for i in range(args.input_len)]}
+    prompt_ids = [100 + i % 1000 for i in range(args.input_len)]
     runs = []
     for it in range(args.num_iters + 1):  # the first run warms up
         for b in range(args.batch_size):
+            # a first token of its own: no prompt finds another's blocks in the prefix cache
+            prompt = {"prompt_token_ids": [2000 + it * args.batch_size + b, *prompt_ids[1:]]}
             engine.add_request(engine.input_processor.process_inputs(f"lat{it}-{b}", prompt, params))
         start = time.perf_counter()
         first = None

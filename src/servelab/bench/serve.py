@@ -44,7 +44,10 @@ def parse_goodput(items: list[str] | None) -> dict[str, float]:
 def add_workload_args(p: argparse.ArgumentParser, num_prompts: int = 1000, with_rate: bool = True) -> None:
     p.add_argument("--dataset", choices=BENCH_DATASETS, default="random")
     p.add_argument("--dataset-path", type=Path, default=None, help="JSONL prompts for --dataset jsonl")
-    p.add_argument("--input-len", type=int, default=None, help="random dataset, default 1024")
+    p.add_argument("--input-len", type=int, default=None,
+                   help="random dataset, default 1024; prefix-shared: each request's own suffix, default 256")
+    p.add_argument("--prefix-len", type=int, default=None, help="prefix-shared dataset: shared prefix, default 256")
+    p.add_argument("--num-prefixes", type=int, default=None, help="prefix-shared dataset: distinct prefixes, default 10")
     p.add_argument("--output-len", type=int, default=None, help="default 128 (random, jsonl)")
     p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [len*(1-r), len*(1+r)]")
     if with_rate:
@@ -88,7 +91,8 @@ def workload_from_args(args: argparse.Namespace, request_rate: float | None = No
     return WorkloadConfig(dataset="random" if args.dataset == "jsonl" else args.dataset,
                           num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len,
                           range_ratio=args.range_ratio, burstiness=args.burstiness, seed=args.seed,
-                          request_rate=request_rate or getattr(args, "request_rate", math.inf))
+                          request_rate=request_rate or getattr(args, "request_rate", math.inf),
+                          prefix_len=getattr(args, "prefix_len", None), num_prefixes=getattr(args, "num_prefixes", None))
 
 
 def prompt_format(args: argparse.Namespace) -> str:

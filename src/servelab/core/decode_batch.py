@@ -6,6 +6,7 @@ or the batch is settled, not at every run.
 """
 from __future__ import annotations
 
+from servelab.core.block_hash import cache_computed_blocks
 from servelab.core.block_manager import BlockManager
 from servelab.core.request import Request
 
@@ -69,6 +70,9 @@ class DecodeBatch:
         request.output_token_ids.extend([self.token_id] * count)
         request.num_computed_tokens += count
         block_manager.attribute_tokens(request.request_id, request.num_computed_tokens)
+        # Cached here rather than as each block fills: nobody looks up a running request's decode blocks
+        # before they settle (a readmitted request settled all its own before it was preempted).
+        cache_computed_blocks(block_manager, request)
         self.settled[index] = upto
         self.settled_sum += count
 

@@ -58,10 +58,13 @@ class DecodeRunPlanner:
         budget = max_num_batched_tokens - batch_size
         if scheduler.waiting:
             head = scheduler.waiting[0]
-            head_new = min(head.num_tokens - head.num_computed_tokens, budget)
-            # Free blocks only shrink until someone finishes, so a head that does not fit now will not.
-            if (budget > 0 and batch_size < scheduler.max_num_seqs and bm.num_new_blocks_needed(
-                    head.request_id, head.num_computed_tokens + head_new) <= num_free):
+            computed_ids = scheduler.computed_blocks(head) if bm.enable_caching else ()
+            computed = head.num_computed_tokens + len(computed_ids) * bm.block_size
+            head_new = min(head.num_tokens - computed, budget)
+            # Free blocks only shrink until someone finishes, so a head that does not fit now will not
+            # (evicting a cached block it would start from only adds to what it needs).
+            if (budget > 0 and batch_size < scheduler.max_num_seqs and bm.num_blocks_to_allocate(
+                    head.request_id, computed + head_new, computed_ids) <= num_free):
                 return self._run(batch, 1, soonest)
             num_steps = min(limit, soonest)
         else:

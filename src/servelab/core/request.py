@@ -45,6 +45,12 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
     kv_transfer: KVTransferParams | None = None
+    # Whether the request takes part in prefix caching: its full blocks are hashed (core/block_hash.py),
+    # looked up at admission and shared. Off for requests whose token ids are placeholders (the lab's
+    # length-only workloads), which would otherwise all look alike.
+    cache_prefix: bool = False
+    # Hashes of its first full blocks, filled lazily by core/block_hash.request_block_hashes.
+    block_hashes: list[bytes] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.times = RequestTimes(arrival=self.arrival_time)
@@ -52,7 +58,7 @@ class Request:
     @classmethod
     def from_engine_core_request(cls, request: EngineCoreRequest) -> "Request":
         return cls(request.request_id, list(request.prompt_token_ids), request.sampling_params, request.max_tokens,
-                   request.eos_token_ids, request.arrival_time, kv_transfer=request.kv_transfer)
+                   request.eos_token_ids, request.arrival_time, kv_transfer=request.kv_transfer, cache_prefix=True)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -3,7 +3,9 @@
 One rule for every stage: each request has num_tokens and num_computed_tokens, and each step hands
 out a token budget so computed catches up with total. A prefill chunk, a decode step, recompute
 after preemption and a request admitted with its KV already present are all this rule.
-Stages differ only in admission and KV allocation (see SchedulerConfig.policy).
+Stages differ only in admission and KV allocation (see SchedulerConfig.policy). With prefix caching
+(stages 3+), a request starts at num_computed_tokens = the tokens of its longest cached prefix, and
+every full block it computes is cached for the requests after it.
 
 Multi-step decode runs (core/decode_runs.py) are composed around the scheduler, not part of it: the
 planner reads the public queues and block manager and changes them only through admit() and
@@ -16,6 +18,7 @@ from collections import deque
 from typing import Iterable
 
 from servelab.config import SchedulerConfig
+from servelab.core.block_hash import cache_computed_blocks, request_block_hashes
 from servelab.core.block_manager import BlockManager
 from servelab.core.plan import ScheduledRequest, StepPlan, StepResult
 from servelab.core.request import Request, RequestStatus
@@ -33,6 +36,10 @@ class Scheduler:
         # finished prefills (disaggregated) whose KV blocks wait to be sent to a decode instance
         self.kv_held_ids: set[str] = set()
         self.num_preemptions_total = 0
+        # vLLM's prefix-cache counters, in tokens, over first admissions (not readmissions after preemption):
+        # the prompt tokens looked up, and those found cached.
+        self.prefix_cache_queries_total = 0
+        self.prefix_cache_hits_total = 0
         self.max_num_seqs = config.effective_max_num_seqs
         self.contiguous = config.contiguous
 
@@ -181,12 +188,31 @@ class Scheduler:
             self._known_to_executor.discard(request.request_id)
             plan.preempted_request_ids.append(request.request_id)
 
+    def computed_blocks(self, request: Request) -> list[int]:
+        """The cached blocks a waiting request would start from if admitted now: its longest cached
+        prefix, short of its last token (always computed, for logits to sample from). Empty unless
+        caching is on, the request takes part, and none of its KV is present (a request whose KV arrived
+        from another instance starts where that KV ends)."""
+        bm = self.block_manager
+        if not (bm.enable_caching and request.cache_prefix) or request.num_computed_tokens:
+            return []
+        num_blocks = (request.num_tokens - 1) // bm.block_size
+        return bm.get_computed_blocks(request_block_hashes(request, bm.block_size, num_blocks)[:num_blocks])
+
     def _admit_continuous(self, plan: StepPlan, budget: int, now: float) -> None:
+        bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if self.block_manager.allocate_slots(request.request_id, request.num_computed_tokens + num_new) is None:
+            computed_ids = self.computed_blocks(request) if bm.enable_caching else ()
+            computed = request.num_computed_tokens + len(computed_ids) * bm.block_size
+            num_new = min(request.num_tokens - computed, budget)
+            if bm.allocate_slots(request.request_id, computed + num_new, computed_ids) is None:
                 break
+            if request.cache_prefix and bm.enable_caching and not request.num_computed_tokens:
+                request.num_computed_tokens = computed
+                if not request.num_preemptions:
+                    self.prefix_cache_queries_total += request.num_tokens
+                    self.prefix_cache_hits_total += computed
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -232,7 +258,9 @@ class Scheduler:
         updated = []
         requests = self.requests
         sampled_tokens = result.sampled
-        record_tokens = self.block_manager.record_tokens if self.contiguous else None
+        bm = self.block_manager
+        record_tokens = bm.record_tokens if self.contiguous else None
+        caching = bm.enable_caching
         for scheduled in plan.scheduled:
             request = requests.get(scheduled.request_id)
             if request is None:  # aborted while the step ran
@@ -240,6 +268,8 @@ class Scheduler:
             request.num_computed_tokens += len(scheduled.token_ids)
             if record_tokens is not None:
                 record_tokens(request.request_id, request.num_computed_tokens)
+            if caching and request.cache_prefix:
+                cache_computed_blocks(bm, request)
             sampled = sampled_tokens.get(request.request_id) if scheduled.sample else None
             if sampled is None:
                 continue

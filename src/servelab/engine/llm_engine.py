@@ -47,7 +47,8 @@ class LLMEngine:
         self.model_name = model_name
         self.tokenizer = tokenizer
         self.executor = executor
-        self._block_manager = BlockManager(executor.num_blocks, config.cache.block_size)
+        self._block_manager = BlockManager(executor.num_blocks, config.cache.block_size, enable_caching=(
+            config.cache.enable_prefix_caching and not config.scheduler.contiguous))
         self._scheduler = Scheduler(config.scheduler, self._block_manager)
         self.core = EngineCore(self._scheduler, executor, WallClock(), stats_sink=self._on_step_stats)
         self.limits = EngineLimits(config.scheduler.max_model_len, config.model.vocab_size, executor.num_blocks,
@@ -219,7 +220,8 @@ class LLMEngine:
         scheduler, blocks = self._scheduler, self._block_manager
         return EngineState(scheduler.num_running, scheduler.num_waiting, blocks.usage, blocks.num_blocks,
                            blocks.num_free_blocks, blocks.block_size, blocks.num_reserved_unused_slots(),
-                           scheduler.max_num_seqs, scheduler.num_preemptions_total)
+                           scheduler.max_num_seqs, scheduler.num_preemptions_total,
+                           scheduler.prefix_cache_queries_total, scheduler.prefix_cache_hits_total)
 
     def check_invariants(self) -> None:
         """Raises AssertionError when the KV cache's bookkeeping is inconsistent (every block free or

@@ -41,6 +41,7 @@ class DeploymentRequest:
     max_num_batched_tokens: int | None = None
     block_size: int = 16
     router: str = "round-robin"
+    enable_prefix_caching: bool = True
 
     def build(self) -> Deployment:
         model, device = get_model(self.model), get_device(self.gpu)
@@ -60,7 +61,8 @@ class DeploymentRequest:
             num_prefill_instances=prefill, num_decode_instances=decode,
             max_num_seqs=self.max_num_seqs or defaults[0],
             max_num_batched_tokens=self.max_num_batched_tokens or defaults[1],
-            block_size=self.block_size, router=self.router, dtype=self.dtype or defaults[2], **extra,
+            block_size=self.block_size, router=self.router, dtype=self.dtype or defaults[2],
+            enable_prefix_caching=self.enable_prefix_caching, **extra,
         )
 
 
@@ -200,6 +202,8 @@ def workload_json(config: WorkloadConfig) -> dict:
     out = dict(config.__dict__)
     if config.rate_schedule is None:  # answers without a schedule keep their keys
         del out["rate_schedule"]
+    if not config.shares_prefixes:  # keys of the prefix-shared dataset only
+        del out["prefix_len"], out["num_prefixes"]
     out["request_rate"] = "inf" if math.isinf(config.request_rate) else config.request_rate
     return out
 

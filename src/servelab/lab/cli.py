@@ -65,11 +65,17 @@ def _add_deployment_args(p: argparse.ArgumentParser) -> None:
                    help=f"per-step token budget, default {DEFAULT_MAX_NUM_BATCHED_TOKENS}")
     p.add_argument("--block-size", type=int, default=DeploymentRequest.block_size)
     p.add_argument("--router", choices=ROUTERS, default=DeploymentRequest.router)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=DeploymentRequest.enable_prefix_caching,
+                   help="share cached KV blocks between requests of the prefix-shared dataset (the engine's default)")
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", choices=DATASETS, default=WorkloadConfig.dataset)
-    p.add_argument("--input-len", type=int, default=None, help="random dataset, default 1024")
+    p.add_argument("--input-len", type=int, default=None,
+                   help="random dataset, default 1024; prefix-shared: each request's own suffix, default 256")
+    p.add_argument("--prefix-len", type=int, default=None, help="prefix-shared dataset: shared prefix, default 256")
+    p.add_argument("--num-prefixes", type=int, default=None, help="prefix-shared dataset: distinct prefixes, default 10")
     p.add_argument("--output-len", type=int, default=None, help="default 128 (random)")
     p.add_argument("--range-ratio", type=float, default=WorkloadConfig.range_ratio, help="lengths uniform in [len*(1-r), len*(1+r)]")
     p.add_argument("--request-rate", type=float, default=WorkloadConfig.request_rate, help="requests/s; inf sends all at once")
@@ -177,13 +183,15 @@ def deployment_request(args: argparse.Namespace) -> DeploymentRequest:
     return DeploymentRequest(
         model=args.model, gpu=args.gpu, dtype=args.dtype, num_gpus=args.num_gpus, tp=args.tp, schedule=args.schedule,
         disaggregate=args.disaggregate, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size, router=args.router)
+        max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size, router=args.router,
+        enable_prefix_caching=getattr(args, "enable_prefix_caching", True))
 
 
 def workload_config(args: argparse.Namespace) -> WorkloadConfig:
     return WorkloadConfig(dataset=args.dataset, num_prompts=args.num_prompts, input_len=args.input_len,
                           output_len=args.output_len, range_ratio=args.range_ratio, request_rate=args.request_rate,
-                          burstiness=args.burstiness, seed=args.seed, rate_schedule=args.rate_schedule)
+                          burstiness=args.burstiness, seed=args.seed, rate_schedule=args.rate_schedule,
+                          prefix_len=args.prefix_len, num_prefixes=args.num_prefixes)
 
 
 def targets_request(args: argparse.Namespace) -> TargetsRequest:

@@ -18,6 +18,9 @@ class EngineState:
     num_reserved_unused_slots: int
     max_num_seqs: int
     num_preemptions_total: int
+    # tokens looked up in the prefix cache at admission, and those found there (vLLM counts both in tokens)
+    prefix_cache_queries_total: int = 0
+    prefix_cache_hits_total: int = 0
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,8 @@ class MetricsRecorder:
                 batch_slot_saturation=state.num_running / state.max_num_seqs,
                 max_num_seqs=state.max_num_seqs,
                 num_preemptions_total=state.num_preemptions_total,
+                prefix_cache_queries_total=state.prefix_cache_queries_total,
+                prefix_cache_hits_total=state.prefix_cache_hits_total,
             )
         summary = compute_metrics(recent, RECENT_WINDOW_S)
         snap["recent"] = {"window_s": RECENT_WINDOW_S, "completed": summary["completed"],
@@ -111,7 +113,8 @@ def _total(states: list[EngineState]) -> EngineState | None:
     return EngineState(sum(s.num_running for s in states), sum(s.num_waiting for s in states),
                        (num_blocks - num_free_blocks) / num_blocks, num_blocks, num_free_blocks, states[0].block_size,
                        sum(s.num_reserved_unused_slots for s in states), sum(s.max_num_seqs for s in states),
-                       sum(s.num_preemptions_total for s in states))
+                       sum(s.num_preemptions_total for s in states),
+                       sum(s.prefix_cache_queries_total for s in states), sum(s.prefix_cache_hits_total for s in states))
 
 
 def with_rates(current: dict, previous: dict | None, interval_s: float) -> dict:

@@ -72,6 +72,10 @@ class ServerMetrics:
                                           engine)
         self.kv_cache_usage_perc = gauge("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", engine)
         self.num_preemptions = counter("num_preemptions", "Cumulative number of preemptions from the engine.", engine)
+        self.prefix_cache_queries = counter(
+            "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", engine)
+        self.prefix_cache_hits = counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                                         engine)
         self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.", engine)
         self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.", engine)
         self.request_success = counter("request_success", "Count of successfully processed requests.",
@@ -141,7 +145,7 @@ class ServerMetrics:
                        self.request_generation_tokens, self.num_requests_queued):
             metric.labels(m)
         engine_metrics = (self.num_requests_running, self.num_requests_waiting, self.kv_cache_usage_perc,
-                          self.num_preemptions, self.prompt_tokens, self.generation_tokens,
+                          self.num_preemptions, self.prefix_cache_queries, self.prefix_cache_hits, self.prompt_tokens, self.generation_tokens,
                           self.iteration_tokens, self.batch_slot_saturation, self.kv_cache_reserved_unused_slots,
                           self.kv_cache_reserved_unused_perc, self.kv_cache_num_blocks, self.kv_cache_num_free_blocks)
         for index in range(num_engines):
@@ -153,7 +157,8 @@ class ServerMetrics:
             self.num_requests_rejected.labels(m, reason)
         for device_name, value in weight_bytes_by_device(weight_bytes, device).items():
             self.weight_bytes.labels(m, device_name).set(value)
-        self._num_preemptions_seen: dict[int, int] = {}
+        # (engine index, field of EngineState) -> the running total already added to its counter
+        self._totals_seen: dict[tuple[int, str], int] = {}
 
     # ---- recording (called from the metrics recorder thread, never the engine's)
     def record_state(self, s: EngineState, engine_index: int = 0) -> None:
@@ -167,10 +172,14 @@ class ServerMetrics:
         self.kv_cache_reserved_unused_slots.labels(*labels).set(s.num_reserved_unused_slots)
         self.kv_cache_reserved_unused_perc.labels(*labels).set(
             s.num_reserved_unused_slots / (s.num_blocks * s.block_size))
-        seen = self._num_preemptions_seen.get(engine_index, 0)
-        if s.num_preemptions_total > seen:
-            self.num_preemptions.labels(*labels).inc(s.num_preemptions_total - seen)
-            self._num_preemptions_seen[engine_index] = s.num_preemptions_total
+        for counter, total_name in ((self.num_preemptions, "num_preemptions_total"),
+                                    (self.prefix_cache_queries, "prefix_cache_queries_total"),
+                                    (self.prefix_cache_hits, "prefix_cache_hits_total")):
+            total, key = getattr(s, total_name), (engine_index, total_name)
+            seen = self._totals_seen.get(key, 0)
+            if total > seen:
+                counter.labels(*labels).inc(total - seen)
+                self._totals_seen[key] = total
 
     def record_step(self, step: StepSample, engine_index: int = 0) -> None:
         labels = (self.model_name, str(engine_index))

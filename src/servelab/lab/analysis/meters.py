@@ -124,6 +124,11 @@ def compute_meters(result: SimulationResult, metrics: dict, ttft_target_ms: floa
               "ttft": ttft, "tpot": tpot, "goodput": goodput, "preemptions": preemptions,
               "queue": _queue(result, instances, metrics, duration),
               "step_time": _step_time(result, cost_model)}
+    queries = sum(inst.core.scheduler.prefix_cache_queries_total for inst in result.instances)
+    if queries:  # only requests of a prefix-shared workload take part: other answers keep their keys
+        hits = sum(inst.core.scheduler.prefix_cache_hits_total for inst in result.instances)
+        meters["prefix_cache"] = {"queried_tokens": queries, "hit_tokens": hits, "hit_rate": hits / queries,
+                                  "bottleneck": False}
     if d.disaggregated:
         times = np.array(result.kv_transfer_times) * 1000
         share = float(times.mean() / metrics["mean_ttft_ms"]) if times.size and metrics["mean_ttft_ms"] else 0.0

@@ -52,6 +52,10 @@ def meter_rows(e: Evaluation) -> list[tuple[str, str, bool]]:
          f"{step['attention_share']:.0%}, all-reduce {step['communication_share']:.0%}, overhead "
          f"{step['overhead_share']:.0%}", step["bottleneck"]),
     ]
+    if "prefix_cache" in m:
+        p = m["prefix_cache"]
+        rows.append(("Prefix cache", f"{p['hit_rate']:.0%} of {p['queried_tokens']:,} prompt tokens found cached",
+                     p["bottleneck"]))
     if "kv_transfer" in m:
         t = m["kv_transfer"]
         rows.append(("KV transfer (P->D)", f"mean {_ms(t['mean_ms'])} / p99 {_ms(t['p99_ms'])} "

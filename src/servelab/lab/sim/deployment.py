@@ -39,6 +39,9 @@ class Deployment:
     kv_cache_bytes: int | None = None
     # A measured KV handoff link (the CPU profile's): (latency s, bytes/s); None: the device's link.
     kv_transfer_link: tuple[float, float] | None = None
+    # As the engine's --enable-prefix-caching (continuous schedule only). Only requests of a prefix-shared
+    # workload take part: the others' prompts are lengths, with nothing to share.
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         tp, m = self.tensor_parallel_size, self.model
@@ -101,6 +104,7 @@ class Deployment:
             "disaggregate": (f"{self.num_prefill_instances}:{self.num_decode_instances}" if self.disaggregated else None),
             "num_instances": self.num_instances, "router": self.router, "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens, "block_size": self.block_size, "dtype": self.dtype,
+            **({} if self.enable_prefix_caching else {"enable_prefix_caching": False}),
         }
 
 

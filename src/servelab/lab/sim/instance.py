@@ -16,12 +16,15 @@ from servelab.executor.cost_model import CostModel, CostModelExecutor
 
 class Instance:
     def __init__(self, index: int, role: str, scheduler_config: SchedulerConfig, num_blocks: int, block_size: int,
-                 cost_model: CostModel, multi_step: bool = True, started_at: float = 0.0) -> None:
+                 cost_model: CostModel, multi_step: bool = True, started_at: float = 0.0,
+                 enable_prefix_caching: bool = False) -> None:
         self.index = index
         self.role = role  # "mixed", "prefill" or "decode"
         self.multi_step = multi_step
         self.step_stats: list[StepStats] = []
-        self.core = EngineCore(Scheduler(scheduler_config, BlockManager(num_blocks, block_size)),
+        block_manager = BlockManager(num_blocks, block_size,
+                                     enable_caching=enable_prefix_caching and not scheduler_config.contiguous)
+        self.core = EngineCore(Scheduler(scheduler_config, block_manager),
                                  CostModelExecutor(cost_model), VirtualClock(), stats_sink=self.step_stats.append,
                                  decode_runs=multi_step)
         self.num_outstanding = 0  # routed here and not finished, as the router sees it

@@ -29,6 +29,12 @@ KV_TRANSFER_EFFICIENCY = 0.8  # achieved share of link bandwidth for large RDMA/
 _TRANSFER, _STEP, _READY, _TICK = 0, 1, 2, 3
 
 
+def prefix_shared_prompt(index: int, w: SampledRequest) -> list[int]:
+    """Stand-in token ids that hash as the real prompt would: its group's prefix (the same ids for every
+    request of the group), then a suffix no other request has (negative ids, apart from every prefix's)."""
+    return [w.prefix_group] * w.prefix_len + [-1 - index] * (w.prompt_len - w.prefix_len)
+
+
 class DoesNotFit(ValueError):
     def __init__(self, memory: MemoryPlan) -> None:
         super().__init__(f"deployment does not fit: {memory.reason}")
@@ -132,7 +138,8 @@ class _Simulation:
     def _make_instance(self, role: str, now: float) -> Instance:
         d = self.d
         instance = Instance(len(self.instances), role, d.scheduler_config, self.memory.num_blocks, d.block_size,
-                            self.cost_model, self.multi_step, started_at=now)
+                            self.cost_model, self.multi_step, started_at=now,
+                            enable_prefix_caching=d.enable_prefix_caching)
         self.instances.append(instance)
         if role != "decode":
             self.front.append(instance)
@@ -189,7 +196,11 @@ class _Simulation:
         instance = self.front_balancer.pick()
         self.num_arrivals_since_tick += 1
         max_tokens = 1 if instance.role == "prefill" else w.output_len
-        request = Request(str(index), [0] * w.prompt_len, self.params, max_tokens, (), time)
+        if w.prefix_group is None:
+            request = Request(str(index), [0] * w.prompt_len, self.params, max_tokens, (), time)
+        else:
+            request = Request(str(index), prefix_shared_prompt(index, w), self.params, max_tokens, (), time,
+                              cache_prefix=True)
         instance.add_request(request)
         self._wake(instance, time)
 
@@ -255,7 +266,8 @@ class _Simulation:
         # Prefill done: the decode side admits it with the prompt's KV present (num_computed_tokens = prompt_len).
         transfer = self.transfer_latency_s + w.prompt_len * self.kv_bytes_per_token / self.transfer_bytes_per_s
         target = self.back_balancer.pick()
-        handed = Request(request.request_id, request.prompt_token_ids, self.params, w.output_len, (), request.arrival_time)
+        handed = Request(request.request_id, request.prompt_token_ids, self.params, w.output_len, (), request.arrival_time,
+                         cache_prefix=request.cache_prefix)
         handed.output_token_ids = list(request.output_token_ids)
         handed.num_computed_tokens = w.prompt_len
         handed.num_preemptions = request.num_preemptions
