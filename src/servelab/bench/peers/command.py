@@ -9,7 +9,8 @@ Workloads (every request ignore_eos, greedy, token-id prompts):
   decode   one stream, 64 tokens: llama-bench tg64 vs servelab at batch 1 -> tokens/s
 llama-server runs the default model's own GGUF (Q4_1) and a Q8_0 re-quantization, 16 and 64 slots,
 -fa on, a context that holds every slot, threads = cores; servelab runs `servelab serve` with its
-defaults. Every (server, workload) pair gets a fresh server, so no prompt is ever served from a cache.
+defaults. Every (server, workload) pair gets a fresh server, and random prompts share no prefix, so no prompt is
+served from a cache (beyond the first request's hit on the client's probe).
 """
 from __future__ import annotations
 
