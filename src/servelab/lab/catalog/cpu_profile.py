@@ -81,7 +81,7 @@ class CpuProfile:
                 memory_bytes=int(d["memory_bytes"]), interconnect="none", interconnect_bandwidth=0.0,
                 network_bandwidth=0.0, gpus_per_node=1, source=f"servelab lab profile ({source})",
             )
-            efficiency = Efficiency(interconnect=1.0, ring_step_latency_s=0.0,
+            efficiency = Efficiency(interconnect=1.0, allreduce_latency_s=0.0,
                                     **{k: PiecewiseLinear.from_json(v) if k in CURVES else float(v) for k, v in e.items()})
             return cls(device=device, efficiency=efficiency, kv_cache_bytes=int(data["kv_cache_bytes"]),
                        dtype=data["dtype"], max_num_seqs=int(data["max_num_seqs"]),
@@ -96,6 +96,12 @@ def model_shape(model: ModelSpec) -> list[int]:
             model.num_key_value_heads, model.head_dim, model.vocab_size, model.num_experts]
 
 
+# Constants a CPU profile does not measure (one device, no API server of its own, no CUDA graphs): left at
+# their defaults and out of the profile file.
+GPU_ONLY = ("interconnect", "allreduce_latency_s", "token_overhead_s", "matmul_half_tokens", "attention_half_tokens",
+            "layer_launch_overhead_s", "api_ttft_overhead_s", "api_final_overhead_s")
+
+
 def _efficiency_json(e: Efficiency) -> dict:
     out = {}
     for f in fields(e):
@@ -103,7 +109,7 @@ def _efficiency_json(e: Efficiency) -> dict:
         if f.name in CURVES:
             if value is not None:
                 out[f.name] = value.to_json()
-        elif f.name not in ("interconnect", "ring_step_latency_s"):
+        elif f.name not in GPU_ONLY:
             out[f.name] = value
     return out
 

@@ -37,6 +37,10 @@ class Deployment:
     efficiency: Efficiency = field(default=GPU_EFFICIENCY, repr=False)
     # A fixed KV pool per instance (the CPU profile's); None: whatever GPU memory is left.
     kv_cache_bytes: int | None = None
+    # Engine flags the cost model prices: CUDA graphs replay decode steps (no kernel launches); one
+    # scheduling pass plans num_scheduler_steps decode steps (vLLM's multi-step scheduling).
+    cuda_graphs: bool = True
+    num_scheduler_steps: int = 1
 
     def __post_init__(self) -> None:
         tp, m = self.tensor_parallel_size, self.model
@@ -62,6 +66,7 @@ class Deployment:
              ("disaggregate", "tp", "num_gpus")),
             (p == 0 or self.schedule == "continuous", "{disaggregate} runs continuous batching on each side",
              ("disaggregate", "schedule")),
+            (self.num_scheduler_steps >= 1, "{num_scheduler_steps} must be >= 1", ("num_scheduler_steps",)),
             (self.max_num_seqs >= 1 and self.max_num_batched_tokens >= 1 and self.block_size >= 1,
              "{max_num_seqs}, {max_num_batched_tokens} and {block_size} must be >= 1",
              ("max_num_seqs", "max_num_batched_tokens", "block_size")),
@@ -82,7 +87,8 @@ class Deployment:
                                max_model_len=self.model.max_position_embeddings)
 
     def cost_model(self) -> CostModel:
-        return CostModel(self.model, self.device, self.efficiency, self.tensor_parallel_size, self.dtype)
+        return CostModel(self.model, self.device, self.efficiency, self.tensor_parallel_size, self.dtype,
+                         self.cuda_graphs, self.num_scheduler_steps)
 
     def describe(self) -> str:
         if self.disaggregated:
@@ -99,6 +105,7 @@ class Deployment:
             "disaggregate": (f"{self.num_prefill_instances}:{self.num_decode_instances}" if self.disaggregated else None),
             "num_instances": self.num_instances, "router": self.router, "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens, "block_size": self.block_size, "dtype": self.dtype,
+            "cuda_graphs": self.cuda_graphs, "num_scheduler_steps": self.num_scheduler_steps,
         }
 
 
