@@ -180,10 +180,13 @@ def test_the_fit_recovers_constants_it_was_given_and_cross_validates_determinist
         for metric in ("median_ttft_ms", "median_tpot_ms"):
             probe = Target(f"{rate}-{metric}", "t", fields, workload, metric, 1.0)
             targets.append(replace(probe, value=simulate_target(probe, truth)))
-    keys = ["engines.vllm.step_overhead_s", "engines.vllm.api_ttft_overhead_s", "gpus.h100.memory"]
-    result = fit(targets, keys=keys, iterations=10, num_prompts=None)
+    # a decode step's weight streaming and its fixed overhead both add to TPOT alike at small batches: the fit
+    # is given the bandwidth and finds the overheads (TPOT gives the step's, TTFT the API server's)
+    keys = ["engines.vllm.step_overhead_s", "engines.vllm.api_ttft_overhead_s"]
+    fixed = {"gpus.h100.memory": 0.6}
+    result = fit(targets, keys=keys, iterations=10, num_prompts=None, fixed=fixed)
     for key in keys:
         assert result.values[key] == pytest.approx(truth.values[key], rel=0.1), key
-    held_out = cross_validate(targets, result, k=3, iterations=2, num_prompts=None)
-    assert held_out == cross_validate(targets, result, k=3, iterations=2, num_prompts=None)
+    held_out = cross_validate(targets, result, k=3, iterations=2, num_prompts=None, fixed=fixed)
+    assert held_out == cross_validate(targets, result, k=3, iterations=2, num_prompts=None, fixed=fixed)
     assert all(abs(h / t.value - 1) < 0.1 for h, t in zip(held_out, targets))
