@@ -90,7 +90,7 @@ def test_a_step_shape_has_the_totals_the_executor_prices():
 
 def test_cost_model_prices_with_measured_curves():
     layers, head = PiecewiseLinear((1, 4), (0.02, 0.05)), PiecewiseLinear((1, 4), (0.004, 0.010))
-    e = Efficiency(matmul=1, attention=1, memory=1, kv_memory=1, interconnect=1, ring_step_latency_s=0,
+    e = Efficiency(matmul=1, attention=1, memory=1, kv_memory=1, interconnect=1, allreduce_latency_s=0,
                    step_overhead_s=0.001, request_overhead_s=0.0001, layers_curve=layers, lm_head_curve=head)
     model, device = get_model("smollm2-135m"), get_device("h100")
     cm = CostModel(model, device, e)
@@ -105,7 +105,7 @@ def test_cost_model_prices_with_measured_curves():
 
 
 def test_the_step_that_starts_a_request_pays_its_arrival():
-    e = replace(GPU_EFFICIENCY, arrival_overhead_s=0.025)
+    e = replace(GPU_EFFICIENCY, arrival_overhead_s=0.025, layer_launch_overhead_s=0.0)  # launches: see test_cost_model
     cm = CostModel(get_model("smollm2-135m"), get_device("h100"), e)
     params = SamplingParams(max_tokens=4)
     new = ScheduledRequest("a", [1, 2, 3], 0, [0], True, params, prompt_token_ids=[1, 2, 3], output_token_ids=[])

@@ -18,7 +18,7 @@ TOY = ModelSpec(id="toy", name="toy", architecture="LlamaForCausalLM", hidden_si
 DEVICE = DeviceSpec(id="dev", name="dev", flops=100e12, memory_bandwidth=1e12, memory_bytes=16 << 30,
                     interconnect="link", interconnect_bandwidth=200e9, network_bandwidth=10e9, gpus_per_node=8,
                     source="")
-IDEAL = Efficiency(matmul=1, attention=1, memory=1, kv_memory=1, interconnect=1, ring_step_latency_s=0,
+IDEAL = Efficiency(matmul=1, attention=1, memory=1, kv_memory=1, interconnect=1, allreduce_latency_s=0,
                    step_overhead_s=0, request_overhead_s=0)
 PARAMS = SamplingParams()
 
@@ -56,16 +56,17 @@ def test_prefill_is_compute_bound_and_quadratic():
     assert parts["attention"] == pytest.approx(10 * 4 * 16 * 64 * pairs / 100e12)
 
 
-def test_tensor_parallel_split_and_ring_all_reduce():
+def test_tensor_parallel_split_and_alpha_beta_all_reduce():
     one, two = CostModel(TOY, DEVICE, IDEAL, 1), CostModel(TOY, DEVICE, IDEAL, 2)
     assert two.weights_time(1, 1) == pytest.approx(one.weights_time(1, 1) / 2)
     assert two.kv_bytes_per_token_layer == one.kv_bytes_per_token_layer // 2  # KV heads split
     # two all-reduces per layer; ring: 2(tp-1) steps of bytes/tp over 100 GB/s each way
     message = 8 * 1024 * 2
     assert two.communication_time(8) == pytest.approx(10 * 2 * (2 * 1 * (message / 2 / 100e9)))
-    latency = Efficiency(**{**IDEAL.__dict__, "ring_step_latency_s": 1e-6})
+    latency = Efficiency(**{**IDEAL.__dict__, "allreduce_latency_s": 1e-6})
     four = CostModel(TOY, DEVICE, latency, 4)
-    assert four.communication_time(8) == pytest.approx(10 * 2 * (2 * 3 * (1e-6 + message / 4 / 100e9)))
+    # alpha-beta: one latency per all-reduce call, not per ring step
+    assert four.communication_time(8) == pytest.approx(10 * 2 * (1e-6 + 2 * 3 * message / 4 / 100e9))
 
 
 def test_moe_reads_only_touched_experts():

@@ -17,7 +17,7 @@ def make_profile() -> CpuProfile:
                         memory_bytes=8 << 30, interconnect="none", interconnect_bandwidth=0.0, network_bandwidth=0.0,
                         gpus_per_node=1, source="")
     efficiency = Efficiency(matmul=1.0, attention=0.4, memory=1.0, kv_memory=0.6, interconnect=1.0,
-                            ring_step_latency_s=0.0, step_overhead_s=2e-3, request_overhead_s=1e-4,
+                            allreduce_latency_s=0.0, step_overhead_s=2e-3, request_overhead_s=1e-4,
                             layers_curve=PiecewiseLinear((1, 2, 64), (0.020, 0.030, 0.300)),
                             lm_head_curve=PiecewiseLinear((1, 64), (0.004, 0.090)))
     return CpuProfile(device, efficiency, kv_cache_bytes=2 << 30, dtype="bfloat16", max_num_seqs=128,

@@ -2,14 +2,21 @@
 
 Per step, on each of the tp GPUs of an instance (they work in parallel):
   weights:       per layer max(matmul FLOPs / effective FLOP/s, weight bytes / effective bandwidth),
-                 plus the LM head for the rows that sample
+                 plus the LM head for the rows that sample; GEMM efficiency saturates in the step's
+                 token count M: eff(M) = matmul * M / (M + matmul_half_tokens)
   attention:     max(score FLOPs, quadratic in chunk and context, / effective FLOP/s,
                  KV bytes read and written / effective bandwidth) -- prefill is compute-bound,
-                 decode memory-bound, one fused kernel for both as in vLLM's varlen attention
-  communication: two all-reduces of the step's hidden states per layer, ring model
-  overhead:      a fixed cost per step plus one per scheduled request (CPU side), plus one per
-                 request scheduled for the first time (its arrival: a CPU profile's HTTP handling)
+                 decode memory-bound, one fused kernel for both as in vLLM's varlen attention;
+                 its efficiency saturates in M the same way (attention_half_tokens)
+  communication: two all-reduces of the step's hidden states per layer, alpha-beta: a latency per
+                 call on the link plus the ring's 2(tp-1)/tp of the bytes over its bandwidth
+  overhead:      CPU work: a fixed cost per step, one per scheduled request and one per token, spread
+                 over the decode steps one scheduling pass plans (multi-step scheduling); kernel
+                 launches per layer unless a CUDA graph replays a decode step; plus one per request
+                 scheduled for the first time (its arrival: a CPU profile's HTTP handling)
 Samples a dummy token that never stops a request, so outputs run to max_tokens (like ignore_eos).
+The API server's own work per request (HTTP, tokenization, detokenization: api_*_overhead_s) runs in
+another process and does not slow steps; the simulator adds it to each request's timestamps.
 """
 from __future__ import annotations
 
@@ -23,6 +30,8 @@ from servelab.executor.curve import PiecewiseLinear
 from servelab.specs import DTYPE_BYTES, DeviceSpec, ModelSpec
 
 DUMMY_TOKEN_ID = 0
+# vLLM captures CUDA graphs for decode batches up to this size; larger batches and prefills run eagerly.
+CUDA_GRAPH_MAX_BATCH_SIZE = 256
 
 
 @dataclass(frozen=True)
@@ -40,15 +49,26 @@ class AllReduceFit:
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Fractions of a device's peak a serving engine reaches, and its CPU-side overheads."""
-    matmul: float
+    """Fractions of a device's peak a serving engine reaches, and its CPU-side overheads. Bounds of the
+    fitted GPU constants: servelab.lab.catalog.calibration.BOUNDS."""
+    matmul: float  # GEMM efficiency reached at large token counts
     attention: float
     memory: float
     kv_memory: float
-    interconnect: float
-    ring_step_latency_s: float
+    interconnect: float  # share of the link's bandwidth a ring all-reduce reaches
+    allreduce_latency_s: float  # alpha: fixed cost of one all-reduce call on the link
     step_overhead_s: float
     request_overhead_s: float
+    token_overhead_s: float = 0.0  # input preparation and sampling bookkeeping per scheduled token
+    # Token count at which GEMMs (attention kernels) reach half their large-shape efficiency; 0: flat.
+    matmul_half_tokens: float = 0.0
+    attention_half_tokens: float = 0.0
+    # Launch cost of one layer's kernels, paid by every step that no CUDA graph replays.
+    layer_launch_overhead_s: float = 0.0
+    # API server per request, off the GPU's path: HTTP, tokenization and the first chunk before the first
+    # token; detokenization and the closing chunk after the last.
+    api_ttft_overhead_s: float = 0.0
+    api_final_overhead_s: float = 0.0
     # Measured instead of max(FLOPs, bytes) (a CPU profile, tp 1 only): seconds of all decoder layers'
     # linear layers against the step's token count, and of the LM head against the rows it samples.
     layers_curve: PiecewiseLinear | None = None
@@ -66,7 +86,8 @@ class Efficiency:
         return next((f for f in self.all_reduce if f.world_size == world_size), None)
 
 
-# Datacenter GPUs running vLLM-class kernels. Teaching assumptions, each anchored to a public figure:
+# Datacenter GPUs running vLLM-class kernels, before calibration (servelab.lab.catalog.calibration fits
+# these to published measurements; these priors are where the fit starts). Each anchored to a public figure:
 GPU_EFFICIENCY = Efficiency(
     # cuBLAS bf16 GEMMs at LLM shapes reach ~70% of dense peak on A100/H100 (NVIDIA's Megatron-LM and
     # cuBLAS benchmark posts report 60-75%).
@@ -79,18 +100,24 @@ GPU_EFFICIENCY = Efficiency(
     kv_memory=0.70,
     # NCCL ring all-reduce bus bandwidth ~70-80% of NVLink peak in nccl-tests.
     interconnect=0.75,
-    # nccl-tests all_reduce_perf on 8 NVLink GPUs: 10-20 us for small messages, ~1 us per ring step.
-    ring_step_latency_s=1.0e-6,
+    # nccl-tests all_reduce_perf on 8 NVLink GPUs: 10-20 us for small messages.
+    allreduce_latency_s=10e-6,
     # vLLM V1 with CUDA graphs: scheduling, input preparation and sampling take a few hundred microseconds
     # per step plus microseconds per request (vLLM V1 design blog, 2025).
     step_overhead_s=300e-6,
     request_overhead_s=3e-6,
+    # GEMMs with few rows are latency- and tile-bound: cuBLAS reaches half its peak share near 64-256 rows.
+    matmul_half_tokens=128.0,
+    attention_half_tokens=128.0,
+    # ~12 kernels per decoder layer at ~4 us of launch each (CUDA launch latency, PyTorch eager).
+    layer_launch_overhead_s=50e-6,
 )
 
 
 class CostModel:
     def __init__(self, model: ModelSpec, device: DeviceSpec, efficiency: Efficiency,
-                 tensor_parallel_size: int = 1, dtype: str = "bfloat16") -> None:
+                 tensor_parallel_size: int = 1, dtype: str = "bfloat16", cuda_graphs: bool = True,
+                 num_scheduler_steps: int = 1) -> None:
         tp = tensor_parallel_size
         # A measured CPU profile: the tp ranks are processes sharing the profiled cores, so a step costs
         # the whole model's compute on them (priced as tp 1) plus the measured all-reduces.
@@ -99,7 +126,10 @@ class CostModel:
             raise ValueError(f"the measured device profile has no all-reduce timing for tp {tp}; "
                              "run `servelab lab profile` again")
         shard = 1 if efficiency.layers_curve is not None else tp
+        if num_scheduler_steps < 1:
+            raise ValueError(f"num_scheduler_steps must be >= 1, got {num_scheduler_steps}")
         self.model, self.device, self.efficiency, self.tp, self.dtype = model, device, efficiency, tp, dtype
+        self.cuda_graphs, self.num_scheduler_steps = cuda_graphs, num_scheduler_steps
         m = model
         self.num_layers = m.num_hidden_layers
         self.flops = device.flops * efficiency.matmul
@@ -127,18 +157,26 @@ class CostModel:
             experts_read = m.num_experts * (1 - (1 - k / m.num_experts) ** num_tokens)
         else:
             experts_read = 1
-        layer_flops = 2 * num_tokens * (self.dense_params + k * self.expert_params)
+        # FLOPs over peak * eff(M), eff(M) = matmul * M / (M + half): M's rows cost as if there were M + half
+        half = e.matmul_half_tokens
+        layer_flops = 2 * (num_tokens + half) * (self.dense_params + k * self.expert_params)
         layer_bytes = (self.dense_params + experts_read * self.expert_params) * self.dtype_bytes
         layers = self.num_layers * max(layer_flops / self.flops, layer_bytes / self.bandwidth)
         if num_sampled == 0:
             return layers
-        return layers + max(2 * num_sampled * self.lm_head_params / self.flops,
+        return layers + max(2 * (num_sampled + half) * self.lm_head_params / self.flops,
                             self.lm_head_params * self.dtype_bytes / self.bandwidth)
 
-    def attention_time(self, num_pairs, num_kv_tokens, maximum=max):
-        """num_pairs: (query, key) pairs scored; num_kv_tokens: KV entries read plus written. Scalars,
-        or numpy arrays over steps with maximum=np.maximum (same expression, same rounding)."""
-        return self.num_layers * maximum(self.score_flops_per_pair * num_pairs / self.attention_flops,
+    def effective_attention_flops(self, num_tokens: int) -> float:
+        """Attention kernels' FLOP/s at a step of num_tokens query tokens (saturating in num_tokens)."""
+        half = self.efficiency.attention_half_tokens
+        return self.attention_flops if not half else self.attention_flops * num_tokens / (num_tokens + half)
+
+    def attention_time(self, num_pairs, num_kv_tokens, num_tokens: int, maximum=max):
+        """num_pairs: (query, key) pairs scored; num_kv_tokens: KV entries read plus written; num_tokens:
+        query tokens of the step. Scalars, or numpy arrays over steps with maximum=np.maximum (same
+        expression, same rounding)."""
+        return self.num_layers * maximum(self.score_flops_per_pair * num_pairs / self.effective_attention_flops(num_tokens),
                                          self.kv_bytes_per_token_layer * num_kv_tokens / self.kv_bandwidth)
 
     def communication_time(self, num_tokens: int) -> float:
@@ -149,22 +187,30 @@ class CostModel:
             return (2 * self.num_layers + 1) * self.all_reduce.seconds(num_tokens * self.hidden_bytes_per_token)
         e = self.efficiency
         link = self.device.interconnect_bandwidth_per_direction * e.interconnect
-        # ring all-reduce: 2(tp-1) steps, each moving 1/tp of the message over one link
-        one_all_reduce = 2 * (tp - 1) * (e.ring_step_latency_s + num_tokens * self.hidden_bytes_per_token / tp / link)
+        # alpha-beta: a latency per call, then the ring's 2(tp-1) steps each moving 1/tp of the message
+        one_all_reduce = e.allreduce_latency_s + 2 * (tp - 1) * num_tokens * self.hidden_bytes_per_token / tp / link
         return self.num_layers * 2 * one_all_reduce
 
-    def overhead_time(self, num_requests: int) -> float:
+    def overhead_time(self, num_requests: int, num_tokens: int) -> float:
         e = self.efficiency
-        fixed = e.step_overhead_s + e.request_overhead_s * num_requests
-        return fixed if e.overhead_curve is None else fixed + e.overhead_curve(num_requests)
+        cpu = e.step_overhead_s + e.request_overhead_s * num_requests
+        if e.token_overhead_s:
+            cpu += e.token_overhead_s * num_tokens
+        decode_only = num_tokens == num_requests
+        if decode_only and self.num_scheduler_steps > 1:  # one scheduling pass plans that many decode steps
+            cpu /= self.num_scheduler_steps
+        if e.layer_launch_overhead_s and not (
+                self.cuda_graphs and decode_only and num_requests <= CUDA_GRAPH_MAX_BATCH_SIZE):
+            cpu += e.layer_launch_overhead_s * self.num_layers
+        return cpu if e.overhead_curve is None else cpu + e.overhead_curve(num_requests)
 
     def step_time(self, num_tokens: int, num_sampled: int, num_requests: int, num_pairs: int,
                   num_kv_tokens: int, num_arrivals: int = 0) -> dict[str, float]:
         parts = {
             "weights": self.weights_time(num_tokens, num_sampled),
-            "attention": self.attention_time(num_pairs, num_kv_tokens),
+            "attention": self.attention_time(num_pairs, num_kv_tokens, num_tokens),
             "communication": self.communication_time(num_tokens),
-            "overhead": self.overhead_time(num_requests) + num_arrivals * self.efficiency.arrival_overhead_s,
+            "overhead": self.overhead_time(num_requests, num_tokens) + num_arrivals * self.efficiency.arrival_overhead_s,
         }
         parts["total"] = parts["weights"] + parts["attention"] + parts["communication"] + parts["overhead"]
         return parts
@@ -180,7 +226,7 @@ class CostModel:
         context_len_sum in the first step (growing by batch_size per step), each equal to step_time()
         of that step: num_steps of them, or fewer when fewer can start within `within` seconds."""
         weights, communication, overhead = self._decode_fixed(batch_size)
-        layers, score, attention_flops = self.num_layers, self.score_flops_per_pair, self.attention_flops
+        layers, score, attention_flops = self.num_layers, self.score_flops_per_pair, self.effective_attention_flops(batch_size)
         kv, kv_bandwidth = self.kv_bytes_per_token_layer, self.kv_bandwidth
         c = context_len_sum
         first = weights + layers * max(score * c / attention_flops, kv * (c + batch_size) / kv_bandwidth) \
@@ -218,7 +264,7 @@ class CostModel:
         fixed = self._decode_fixed_cache.get(batch_size)
         if fixed is None:
             fixed = (self.weights_time(batch_size, batch_size), self.communication_time(batch_size),
-                     self.overhead_time(batch_size))
+                     self.overhead_time(batch_size, batch_size))
             self._decode_fixed_cache[batch_size] = fixed
         return fixed
 

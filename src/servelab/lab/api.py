@@ -19,6 +19,7 @@ from servelab.lab.analysis.advisor import DEFAULT_MAX_GPUS, Advice, advise as ad
 from servelab.lab.analysis.evaluate import Evaluation, Targets, evaluate
 from servelab.lab.analysis.sweep import parse_values, plot_sweep, run_sweep
 from servelab.lab.catalog import LOCAL_CPU, get_device, get_model
+from servelab.lab.catalog.calibration import DEFAULT_CALIBRATION, DEFAULT_ENGINE, load_calibration
 from servelab.lab.sim.deployment import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, Deployment
 from servelab.lab.sim.scaling import ScalingConfig
 from servelab.workload import WorkloadConfig, describe, generate_workload
@@ -42,6 +43,12 @@ class DeploymentRequest:
     block_size: int = 16
     router: str = "round-robin"
     enable_prefix_caching: bool = True
+    # Which fitted GPU constants price it (servelab.lab.catalog.calibration; None: the shipped default),
+    # which serving stack's overheads, and the engine flags the cost model prices.
+    calibration: str | None = None
+    engine: str = DEFAULT_ENGINE
+    cuda_graphs: bool = True
+    num_scheduler_steps: int = 1
 
     def build(self) -> Deployment:
         model, device = get_model(self.model), get_device(self.gpu)
@@ -53,6 +60,7 @@ class DeploymentRequest:
             extra = dict(efficiency=profile.efficiency, kv_cache_bytes=profile.kv_cache_bytes)
             defaults = (profile.max_num_seqs, profile.max_num_batched_tokens, profile.dtype)
         else:
+            extra = dict(efficiency=self._calibrated_efficiency(device))
             defaults = (DEFAULT_MAX_NUM_SEQS, DEFAULT_MAX_NUM_BATCHED_TOKENS, "bfloat16")
         prefill, decode = self.disaggregate or (0, 0)
         num_gpus = self.num_gpus if self.num_gpus is not None else max(1, prefill + decode) * self.tp
@@ -62,8 +70,19 @@ class DeploymentRequest:
             max_num_seqs=self.max_num_seqs or defaults[0],
             max_num_batched_tokens=self.max_num_batched_tokens or defaults[1],
             block_size=self.block_size, router=self.router, dtype=self.dtype or defaults[2],
-            enable_prefix_caching=self.enable_prefix_caching, **extra,
+            enable_prefix_caching=self.enable_prefix_caching, cuda_graphs=self.cuda_graphs,
+            num_scheduler_steps=self.num_scheduler_steps, **extra,
         )
+
+    def _calibrated_efficiency(self, device):
+        try:
+            profile = load_calibration(self.calibration or DEFAULT_CALIBRATION)
+        except ValueError as err:
+            raise FieldError(f"{{calibration}}: {err}", "calibration") from None
+        if self.engine not in profile.engines():
+            raise FieldError(f"{{engine}} {self.engine!r} is not in calibration {profile.name!r} "
+                             f"(it has {', '.join(profile.engines()) or 'none'})", "engine")
+        return profile.efficiency(device, self.engine)
 
 
 @dataclass(frozen=True)

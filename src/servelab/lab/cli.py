@@ -54,6 +54,17 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, help="bfloat16 (default on GPUs), float16, float32 or fp8")
 
 
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--calibration", default=None, metavar="NAME",
+                   help="fitted GPU constants (`servelab lab calibrate --save NAME`); default: the shipped 'public'")
+    p.add_argument("--engine", default=DeploymentRequest.engine,
+                   help="serving stack whose overheads apply (the public calibration has vllm, sglang, tensorrt-llm)")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="launch every kernel of every step (vLLM --enforce-eager)")
+    p.add_argument("--num-scheduler-steps", type=int, default=DeploymentRequest.num_scheduler_steps,
+                   help="decode steps per scheduling pass (vLLM multi-step scheduling)")
+
+
 def _add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-gpus", type=int, default=None, help="default: one instance's worth")
     p.add_argument("--tp", type=int, default=DeploymentRequest.tp, help="tensor-parallel degree of each instance")
@@ -137,7 +148,7 @@ def autoscale_request(args: argparse.Namespace):
 
 def _add_lab_commands(sub) -> None:
     sim = sub.add_parser("simulate", help="simulate one deployment and print its meters")
-    for add in (_add_model_args, _add_deployment_args, _add_workload_args):
+    for add in (_add_model_args, _add_deployment_args, _add_engine_args, _add_workload_args):
         add(sim)
     sim.add_argument("--single-step", action="store_true", help="price every step separately (same result, slower)")
     _add_autoscale_args(sim)
@@ -148,6 +159,7 @@ def _add_lab_commands(sub) -> None:
 
     adv = sub.add_parser("advise", help="find the fewest GPUs that meet the targets, and say why")
     _add_model_args(adv)
+    _add_engine_args(adv)
     _add_workload_args(adv)
     adv.add_argument("--max-gpus", type=int, default=64)
     adv.add_argument("--router", choices=ROUTERS, default="round-robin")
@@ -157,7 +169,7 @@ def _add_lab_commands(sub) -> None:
     adv.set_defaults(func=_handler("cmd_advise"), num_gpus=None, tp=1, schedule="continuous", disaggregate=None)
 
     swp = sub.add_parser("sweep", help="plot a meter against a workload or deployment input (PNG)")
-    for add in (_add_model_args, _add_deployment_args, _add_workload_args):
+    for add in (_add_model_args, _add_deployment_args, _add_engine_args, _add_workload_args):
         add(swp)
     swp.add_argument("--vary", required=True, help="request-rate, input-len, output-len, burstiness, num-gpus, "
                      "tp, max-num-seqs or max-num-batched-tokens")
@@ -168,9 +180,11 @@ def _add_lab_commands(sub) -> None:
     swp.set_defaults(func=_handler("cmd_sweep"))
 
     from servelab.lab.calibrate.profile_run import add_profile_parser
+    from servelab.lab.calibrate.calibrate_cmd import add_calibrate_parser
     from servelab.lab.calibrate.validate import add_validate_parser
     add_profile_parser(sub)
     add_validate_parser(sub)
+    add_calibrate_parser(sub)
 
 
 def build_lab_parser(parser_class: type[argparse.ArgumentParser] = LabArgumentParser) -> argparse.ArgumentParser:
@@ -184,7 +198,9 @@ def deployment_request(args: argparse.Namespace) -> DeploymentRequest:
         model=args.model, gpu=args.gpu, dtype=args.dtype, num_gpus=args.num_gpus, tp=args.tp, schedule=args.schedule,
         disaggregate=args.disaggregate, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size, router=args.router,
-        enable_prefix_caching=getattr(args, "enable_prefix_caching", True))
+        enable_prefix_caching=getattr(args, "enable_prefix_caching", True),
+        calibration=args.calibration, engine=args.engine, cuda_graphs=args.cuda_graphs,
+        num_scheduler_steps=args.num_scheduler_steps)
 
 
 def workload_config(args: argparse.Namespace) -> WorkloadConfig:

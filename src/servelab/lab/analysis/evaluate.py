@@ -57,6 +57,9 @@ def evaluate(deployment: Deployment, workload: list[SampledRequest], targets: Ta
                    "max_request_tokens": m.max_request_tokens, "kv_cache_tokens": m.num_blocks * deployment.block_size,
                    "bottleneck": True}
         return Evaluation(deployment, False, {"weights": weights}, {}, False, reason=m.reason)
-    metrics = compute_metrics(request_timings(result), result.duration, targets.slos_ms)
+    timings = request_timings(result)
+    # the client's clock: the last response ends after the API server's closing work
+    duration = max((t.finished for t in timings), default=0.0)
+    metrics = compute_metrics(timings, duration, targets.slos_ms)
     meters = compute_meters(result, metrics, targets.ttft_ms, targets.tpot_ms)
     return Evaluation(deployment, True, meters, metrics, targets.met_by(metrics), result)

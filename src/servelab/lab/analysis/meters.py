@@ -13,6 +13,7 @@ import numpy as np
 from servelab.core.engine import StepStats
 from servelab.executor.cost_model import CostModel
 from servelab.metrics.request_stats import RequestTiming
+from servelab.lab.sim.api_path import client_timings
 from servelab.lab.sim.simulate import SimulationResult
 
 KV_PRESSURE = 0.90  # peak share of the block pool in use
@@ -70,8 +71,8 @@ def breakdown_totals(steps: list[StepStats], cost_model: CostModel) -> dict[str,
 
 
 def request_timings(result: SimulationResult) -> list[RequestTiming]:
-    return [RequestTiming(r.num_prompt_tokens, r.num_output_tokens, r.arrival_time, r.times.first_token,
-                          r.times.finished, r.times.token_times, r.times.first_scheduled) for r in result.requests]
+    """As a benchmark client sees them (the API server's work and multi-step waits included)."""
+    return client_timings(result.deployment, result.requests)
 
 
 def _weighted_mean(values: list, durations: list, total: float) -> float:

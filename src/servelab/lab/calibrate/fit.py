@@ -84,7 +84,7 @@ def fitted_efficiency(fit: StepFit, model: ModelSpec, device: DeviceSpec, dtype:
     flops_per_pair = model.num_hidden_layers * model.layer_score_flops_per_pair()
     kv_bytes = model.kv_bytes_per_token(dtype)
     return Efficiency(
-        matmul=1.0, memory=1.0, interconnect=1.0, ring_step_latency_s=0.0,
+        matmul=1.0, memory=1.0, interconnect=1.0, allreduce_latency_s=0.0,
         attention=flops_per_pair / (fit.pair_cost_s * device.flops) if fit.pair_cost_s else 1.0,
         kv_memory=kv_bytes / (fit.kv_cost_s * device.memory_bandwidth) if fit.kv_cost_s else 1.0,
         step_overhead_s=0.0, request_overhead_s=fit.request_overhead_s,

@@ -1,12 +1,15 @@
 """`servelab lab validate`: does the lab agree with the real engine on this machine?
 
-One seeded workload runs twice per stage (1 serial, 2 static batching, 3 continuous + paged, 4 the same
+One seeded workload runs per stage (1 serial, 2 static batching, 3 continuous + paged, 4 the same
 over -tp 3 worker processes, priced with the profile's measured all-reduce, 5 prefill/decode
 disaggregated 1:1, priced with the profile's measured KV transfer): through
 `servelab serve` and the load generator (as `servelab bench stages` runs it), and in the simulator with
 the `local-cpu` profile (`servelab lab profile`). The same seed gives both the same arrivals and
-lengths. Prints each metric side by side with the simulator's relative error; exit code 1 when a
-checked metric (output tokens/s, median TTFT, median TPOT) is off by more than --tolerance.
+lengths. A shared machine's speed drifts between minutes, so the real engine runs --repeats times,
+each repeat after a fresh `servelab lab profile` (unless --no-refresh-profile), and the simulation of
+each repeat's profile is compared by medians: simulated median vs real median, with the real runs'
+own spread (max / min - 1) beside each error. Exit code 1 when a checked metric (output tokens/s,
+median TTFT, median TPOT) is off by more than --tolerance.
 
 Stage 5's simulation: one prefill and one decode instance, KV handoffs priced with the profile's measured
 send (latency + bytes/s), and each instance on its share of the cores (`servelab serve --disaggregate`
@@ -19,10 +22,14 @@ import argparse
 import contextlib
 import json
 import shlex
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from servelab.lab.catalog.reference import REFERENCE_FILE
 
 CHECKED = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
 SHOWN = CHECKED + ("p99_ttft_ms", "median_e2el_ms", "request_throughput")
@@ -42,7 +49,14 @@ def add_validate_parser(sub) -> None:
     p.add_argument("--server-args", default="", help="more `servelab serve` flags for every stage")
     p.add_argument("--server-timeout", type=float, default=600.0, help="seconds a server may take to start")
     p.add_argument("--tolerance", type=float, default=0.15, help="largest relative error accepted (0.15 = 15%%)")
+    p.add_argument("--repeats", type=int, default=3, help="real runs of every stage, compared by their median")
+    p.add_argument("--no-refresh-profile", dest="refresh_profile", action="store_false",
+                   help="keep the saved profile instead of re-measuring it before each repeat after the first")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument("--reference", nargs="?", type=Path, const=REFERENCE_FILE, default=None, metavar="FILE",
+                   help="instead of the local engine: GPU measurements (default: the published reference points) "
+                   "beside their simulation")
+    p.add_argument("--calibration", default=None, metavar="NAME", help="with --reference: the constants to use")
     add_workload_args(p, num_prompts=48)
     add_request_args(p)
     add_output_args(p)
@@ -105,15 +119,38 @@ def compare(stage: str, real: dict, simulated: dict) -> dict:
             "error": error}
 
 
+def median_compare(stage: str, reals: list[dict], simulations: list[dict]) -> dict:
+    """compare() of the medians over repeats, plus the real runs' spread (max / min - 1) and each run."""
+    real, simulated, spread = {}, {}, {}
+    for key in SHOWN:
+        values = [r[key] for r in reals if r.get(key)]
+        real[key] = statistics.median(values) if values else None
+        spread[key] = max(values) / min(values) - 1 if values else None
+        sims = [s[key] for s in simulations if s.get(key) is not None]
+        simulated[key] = statistics.median(sims) if sims else None
+    return {**compare(stage, real, simulated), "spread": spread,
+            "runs": [{k: r.get(k) for k in SHOWN} for r in reals],
+            "simulated_runs": [{k: s.get(k) for k in SHOWN} for s in simulations]}
+
+
 def table_rows(comparisons: list[dict]) -> list[dict]:
     rows = []
     for c in comparisons:
         for key in SHOWN:
-            err = c["error"][key]
+            err, spread = c["error"][key], c.get("spread", {}).get(key)
             rows.append({"stage": c["stage"], "metric": LABELS[key] + (" *" if key in CHECKED else ""),
-                         "real": c["real"][key], "simulated": c["simulated"][key],
-                         "error": "-" if err is None else f"{err:+.1%}"})
+                         "real (median)": c["real"][key], "simulated": c["simulated"][key],
+                         "error": "-" if err is None else f"{err:+.1%}",
+                         "real spread": "-" if spread is None else f"{spread:.0%}"})
     return rows
+
+
+def refresh_profile(args: argparse.Namespace) -> None:
+    """`servelab lab profile` for the model under test, in its own process (it builds its own engine)."""
+    command = [sys.executable, "-m", "servelab.entrypoints.cli", "lab", "profile"]
+    if args.model:
+        command += ["--model", args.model]
+    subprocess.run(command, check=True, stdout=sys.stderr)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -124,28 +161,42 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from servelab.lab.catalog.cpu_profile import load_cpu_profile, profile_path
     from servelab.lab.calibrate.profile_run import profiled_model_spec
 
+    if args.reference is not None:
+        from servelab.lab.calibrate.reference_validate import cmd_validate_reference
+        return cmd_validate_reference(args)
     if not 0 < args.tolerance < 1:
         raise ValueError(f"--tolerance must be in (0, 1), got {args.tolerance}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     stages = parse_stages(args.stages)
-    profile = load_cpu_profile()
     spec = profiled_model_spec(args.model)
-    profile.check_model(spec)
     config = workload_from_args(args)
-    simulated = {stage: simulated_metrics(profile, spec, stage, args.max_num_seqs, config) for stage in stages}
     tokenizer = load_tokenizer(args.tokenizer or args.model)
     requests = requests_from_args(args, tokenizer)
-    args.server_args = f"{profile_server_args(profile, spec)} {args.server_args}".strip()
+    user_server_args = args.server_args
     if args.json:
         args.disable_tqdm = True
-    comparisons = []
+    reals = {stage: [] for stage in stages}
+    simulations = {stage: [] for stage in stages}
+    profile_fits = []
     with tempfile.TemporaryDirectory(prefix="servelab-validate-") as log_dir:
-        for stage in stages:
+        for repeat in range(args.repeats):
             # progress lines go to stderr when stdout carries the JSON
             with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
-                real = run_stage(args, stage, requests, tokenizer, {}, Path(log_dir))
-            if real["failed"]:
-                raise ValueError(f"{real['failed']} requests failed in stage {stage}: {real.get('error_counts')}")
-            comparisons.append(compare(STAGE_LABELS[stage], real, simulated[stage]))
+                if repeat and args.refresh_profile:
+                    refresh_profile(args)
+                profile = load_cpu_profile()
+                profile.check_model(spec)
+                profile_fits.append({k: v for k, v in profile.fit.items() if k != "steps"})
+                args.server_args = f"{profile_server_args(profile, spec)} {user_server_args}".strip()
+                for stage in stages:
+                    simulations[stage].append(simulated_metrics(profile, spec, stage, args.max_num_seqs, config))
+                    real = run_stage(args, stage, requests, tokenizer, {}, Path(log_dir))
+                    if real["failed"]:
+                        raise ValueError(f"{real['failed']} requests failed in stage {stage}: "
+                                         f"{real.get('error_counts')}")
+                    reals[stage].append(real)
+    comparisons = [median_compare(STAGE_LABELS[stage], reals[stage], simulations[stage]) for stage in stages]
     worst = max(abs(c["error"][k]) for c in comparisons for k in CHECKED if c["error"][k] is not None)
     ok = worst <= args.tolerance
     name = args.name or f"lab-validate-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -153,7 +204,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     command = "servelab lab validate " + shlex.join(flags)
     payload = {"command": command, "workload": {**config.__dict__, "request_rate": str(config.request_rate)},
                "max_num_seqs": args.max_num_seqs, "server_args": args.server_args, "profile": str(profile_path()),
-               "profile_fit": {k: v for k, v in profile.fit.items() if k != "steps"}, "tolerance": args.tolerance,
+               "repeats": args.repeats, "refresh_profile": args.refresh_profile, "profile_fits": profile_fits,
+               "tolerance": args.tolerance,
                "max_abs_error": worst, "within_tolerance": ok, "stages": comparisons}
     rows = table_rows(comparisons)
     write_results(name, payload, rows, out_dir=args.result_dir / name)
@@ -161,6 +213,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
     else:
         print(markdown_table(rows))
+        print(f"medians of {args.repeats} real runs; real spread = max / min - 1 over those runs")
         print(f"largest error of the checked (*) metrics: {worst:.1%} "
               f"({'within' if ok else 'OVER'} the {args.tolerance:.0%} tolerance)")
         print(f"results: {args.result_dir / name}")

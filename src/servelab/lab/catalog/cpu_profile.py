@@ -102,7 +102,7 @@ class CpuProfile:
             all_reduce = tuple(AllReduceFit(int(f["world_size"]), float(f["latency_s"]), float(f["bytes_per_s"]),
                                             tuple((int(b), float(t)) for b, t in f.get("samples", ())))
                                for f in e.get("all_reduce", ()))
-            efficiency = Efficiency(interconnect=1.0, ring_step_latency_s=0.0, all_reduce=all_reduce,
+            efficiency = Efficiency(interconnect=1.0, allreduce_latency_s=0.0, all_reduce=all_reduce,
                                     **{k: PiecewiseLinear.from_json(v) if k in CURVES else float(v)
                                        for k, v in e.items() if k != "all_reduce"})
             return cls(device=device, efficiency=efficiency, kv_cache_bytes=int(data["kv_cache_bytes"]),
@@ -119,6 +119,12 @@ def model_shape(model: ModelSpec) -> list[int]:
             model.num_key_value_heads, model.head_dim, model.vocab_size, model.num_experts]
 
 
+# Constants a CPU profile does not measure (one device, no API server of its own, no CUDA graphs): left at
+# their defaults and out of the profile file.
+GPU_ONLY = ("interconnect", "allreduce_latency_s", "token_overhead_s", "matmul_half_tokens", "attention_half_tokens",
+            "layer_launch_overhead_s", "api_ttft_overhead_s", "api_final_overhead_s")
+
+
 def _efficiency_json(e: Efficiency) -> dict:
     out = {}
     for f in fields(e):
@@ -129,7 +135,7 @@ def _efficiency_json(e: Efficiency) -> dict:
         elif f.name == "all_reduce":
             out[f.name] = [{"world_size": a.world_size, "latency_s": a.latency_s, "bytes_per_s": a.bytes_per_s,
                             "samples": [list(x) for x in a.samples]} for a in value]
-        elif f.name not in ("interconnect", "ring_step_latency_s"):
+        elif f.name not in GPU_ONLY:
             out[f.name] = value
     return out
 

@@ -18,6 +18,7 @@ METRICS = frozenset({"request_throughput", "output_throughput", "total_token_thr
 UNITS = {"ms", "tok/s", "req/s"}
 GROUPS = ("latency-batch<=8", "low-load-ttft", "low-load-tpot", "loaded-latency", "throughput", "disaggregated")
 READ_FROM = ("table", "text", "figure")
+DEPLOYMENT_FLAGS = ("engine", "num_scheduler_steps", "cuda_graphs")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class ReferencePoint:
     engine_version: str
     engine_flags: str
     engine_settings: dict  # max_num_seqs / max_num_batched_tokens the source set
+    deployment_flags: dict  # engine (a calibration's engine key), num_scheduler_steps, cuda_graphs
     gpu: str
     num_gpus: int
     model: str
@@ -92,6 +94,9 @@ class DeploymentFields:
     disaggregate: tuple[int, int] | None
     max_num_seqs: int | None
     max_num_batched_tokens: int | None
+    engine: str
+    num_scheduler_steps: int
+    cuda_graphs: bool
 
     def as_kwargs(self) -> dict:
         return dict(self.__dict__)
@@ -156,6 +161,9 @@ def validate(p: ReferencePoint) -> None:
         ((p.group == "disaggregated") == (p.disaggregation is not None), "disaggregated points and only they set P:D"),
         (all(k in ("max_num_seqs", "max_num_batched_tokens") for k in p.engine_settings),
          "engine_settings may set max_num_seqs and max_num_batched_tokens"),
+        (set(p.deployment_flags) == set(DEPLOYMENT_FLAGS) and isinstance(p.deployment_flags["engine"], str)
+         and isinstance(p.deployment_flags["cuda_graphs"], bool) and p.deployment_flags["num_scheduler_steps"] >= 1,
+         f"deployment_flags must set {', '.join(DEPLOYMENT_FLAGS)}"),
         (bool(p.source.url.startswith("https://") and p.source.where), "source needs an https URL and a location"),
     ]
     for ok, message in checks:
@@ -180,7 +188,7 @@ def to_simulation(point: ReferencePoint, num_prompts: int | None = None, seed: i
     deployment = DeploymentFields(
         model=point.model, gpu=point.gpu, dtype=point.dtype, num_gpus=point.num_gpus, tp=point.tp,
         disaggregate=point.disaggregation, max_num_seqs=point.engine_settings.get("max_num_seqs"),
-        max_num_batched_tokens=point.engine_settings.get("max_num_batched_tokens"))
+        max_num_batched_tokens=point.engine_settings.get("max_num_batched_tokens"), **point.deployment_flags)
     workload = WorkloadConfig(dataset=s.dataset, num_prompts=min(num_prompts or s.num_prompts, s.num_prompts), input_len=s.input_len,
                               output_len=s.output_len, request_rate=point.workload.request_rate, seed=seed)
     return Simulation(deployment, workload, point.metric.name)

@@ -42,6 +42,10 @@ class Deployment:
     # As the engine's --enable-prefix-caching (continuous schedule only). Only requests of a prefix-shared
     # workload take part: the others' prompts are lengths, with nothing to share.
     enable_prefix_caching: bool = True
+    # Engine flags the cost model prices: CUDA graphs replay decode steps (no kernel launches); one
+    # scheduling pass plans num_scheduler_steps decode steps (vLLM's multi-step scheduling).
+    cuda_graphs: bool = True
+    num_scheduler_steps: int = 1
 
     def __post_init__(self) -> None:
         tp, m = self.tensor_parallel_size, self.model
@@ -67,6 +71,7 @@ class Deployment:
              ("disaggregate", "tp", "num_gpus")),
             (p == 0 or self.schedule == "continuous", "{disaggregate} runs continuous batching on each side",
              ("disaggregate", "schedule")),
+            (self.num_scheduler_steps >= 1, "{num_scheduler_steps} must be >= 1", ("num_scheduler_steps",)),
             (self.max_num_seqs >= 1 and self.max_num_batched_tokens >= 1 and self.block_size >= 1,
              "{max_num_seqs}, {max_num_batched_tokens} and {block_size} must be >= 1",
              ("max_num_seqs", "max_num_batched_tokens", "block_size")),
@@ -87,7 +92,8 @@ class Deployment:
                                max_model_len=self.model.max_position_embeddings)
 
     def cost_model(self) -> CostModel:
-        return CostModel(self.model, self.device, self.efficiency, self.tensor_parallel_size, self.dtype)
+        return CostModel(self.model, self.device, self.efficiency, self.tensor_parallel_size, self.dtype,
+                         self.cuda_graphs, self.num_scheduler_steps)
 
     def describe(self) -> str:
         if self.disaggregated:
@@ -105,6 +111,7 @@ class Deployment:
             "num_instances": self.num_instances, "router": self.router, "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens, "block_size": self.block_size, "dtype": self.dtype,
             **({} if self.enable_prefix_caching else {"enable_prefix_caching": False}),
+            "cuda_graphs": self.cuda_graphs, "num_scheduler_steps": self.num_scheduler_steps,
         }
 
 

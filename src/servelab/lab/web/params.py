@@ -10,6 +10,7 @@ from numbers import Real
 from servelab.config import SCHEDULE_POLICIES
 from servelab.lab.catalog import LOCAL_CPU, gpu_ids, model_ids
 from servelab.errors import FieldError
+from servelab.lab.catalog.calibration import calibration_names, load_calibration
 from servelab.lab.api import AdviseRequest, AutoscaleRequest, DeploymentRequest, SimulateRequest, TargetsRequest
 from servelab.rate_schedule import parse_rate_schedule
 from servelab.lab.web.messages import Message, error_message
@@ -139,11 +140,19 @@ def _flag(field: str, value) -> bool:
     return value
 
 
+def _engine(field: str, value) -> str:
+    return _choice(field, value, sorted({e for name in calibration_names() for e in load_calibration(name).engines()}))
+
+
 # JSON field -> check. The names are the typed API's fields. Catalog ids only: the web API never opens a path it
 # is given.
 _DEPLOYMENT = {
     "model": lambda f, v: _choice(f, v, model_ids()),
     "gpu": _gpu,
+    "calibration": _optional(lambda f, v: _choice(f, v, calibration_names())),
+    "engine": _engine,
+    "cuda_graphs": _flag,
+    "num_scheduler_steps": lambda f, v: _int(f, v, 1, 64),
     "max_num_seqs": _optional(lambda f, v: _int(f, v, 1, MAX_NUM_SEQS)),
 }
 _WORKLOAD = {

@@ -39,6 +39,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from servelab.errors import OpenAIError
 from servelab.lab import api
 from servelab.lab.catalog import LOCAL_CPU, get_device, get_model, gpu_ids, model_ids
+from servelab.lab.catalog.calibration import load_calibration
 from servelab.specs import GIB
 from servelab.lab.web.errors import (bad_request, internal_error, lab_busy, measure_unavailable, not_found,
                                      request_too_large)
@@ -225,6 +226,12 @@ def build_lab_router(live_engine: dict | None = None, layout: Callable[[], dict]
         @router.get(LAYOUT_ROUTE)
         async def get_layout() -> Response:
             return JSONResponse(layout(), headers={"Cache-Control": "no-cache"})
+
+    @router.get("/lab/api/calibration")
+    async def get_calibration() -> Response:
+        """The shipped calibration: its fitted constants and every reference point, published vs simulated and
+        held out (cross-validated); the assumptions section links here."""
+        return JSONResponse(load_calibration().to_json())
 
     @router.get("/lab/api/status")
     async def status() -> Response:

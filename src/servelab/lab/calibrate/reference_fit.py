@@ -1,0 +1,221 @@
+"""Fit a calibration profile's constants to measured targets, and cross-validate it.
+
+Least squares on log(simulated / measured) (relative errors, symmetric in over- and under-estimates),
+Levenberg-Marquardt in log space of each constant, clipped to its physical bounds (BOUNDS), with a weak
+pull towards the prior (GPU_EFFICIENCY) so that a constant the data cannot see stays where physics puts
+it. Every residual is a full simulation, so the Jacobian re-simulates only the targets a constant can
+move (a GPU's constants move its points, an engine's its points). k-fold cross-validation refits
+without each fold, starting from the full fit, and predicts the fold: the held-out error of every point.
+"""
+from __future__ import annotations
+
+import gc
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from servelab.executor.cost_model import GPU_EFFICIENCY
+from servelab.lab.sim.api_path import client_timings
+from servelab.lab.sim.simulate import DoesNotFit, simulate
+from servelab.metrics.request_stats import compute_metrics
+from servelab.lab.calibrate.targets import Target
+from servelab.lab.catalog.calibration import BOUNDS, CalibrationProfile, link_kind
+
+# Constants every fit may move, per scope; a scope's constants are fitted only when a training target uses it.
+GLOBAL_FIELDS = ("attention", "kv_memory", "matmul_half_tokens", "attention_half_tokens", "interconnect")
+LINK_FIELDS = ("allreduce_latency_s",)
+GPU_FIELDS = ("matmul", "memory")
+ENGINE_FIELDS = ("step_overhead_s", "request_overhead_s", "api_ttft_overhead_s", "api_final_overhead_s")
+PRIOR_WEIGHT = 0.05  # per unit of log-distance from the prior, against residuals of ~0.1
+MISSING = 2.0  # log-residual of a target whose deployment does not fit in memory
+
+
+def candidate_keys(targets: list[Target]) -> list[str]:
+    keys = [f"constants.{f}" for f in GLOBAL_FIELDS]
+    keys += sorted({f"links.{link_kind(t.device)}.{f}" for t in targets if t.deployment.tp > 1 for f in LINK_FIELDS})
+    keys += sorted({f"gpus.{t.gpu}.{f}" for t in targets for f in GPU_FIELDS})
+    keys += sorted({f"engines.{t.engine}.{f}" for t in targets for f in ENGINE_FIELDS})
+    return keys
+
+
+def depends(key: str, target: Target) -> bool:
+    scope, *rest = key.split(".")
+    if scope == "constants":
+        return True
+    if scope == "links":
+        return target.deployment.tp > 1 and link_kind(target.device) == rest[0]
+    if scope == "gpus":
+        return target.gpu == rest[0]
+    return target.engine == rest[0]
+
+
+def prior(key: str) -> float:
+    name = key.rsplit(".", 1)[1]
+    low, high = BOUNDS[name]
+    value = getattr(GPU_EFFICIENCY, name)
+    return min(max(value, low), high) if value > 0 else math.sqrt(low * high) if high / low < 1e3 else low * 30
+
+
+def with_gpu_defaults(values: dict[str, float]) -> dict[str, float]:
+    """Adds gpus.default.<field>: the geometric mean over the fitted GPUs, for GPUs with no data."""
+    out = {k: v for k, v in values.items() if not k.startswith("gpus.default.")}
+    for name in GPU_FIELDS:
+        fitted = [v for k, v in out.items() if k.startswith("gpus.") and k.endswith(f".{name}")]
+        if fitted:
+            out[f"gpus.default.{name}"] = float(math.exp(sum(map(math.log, fitted)) / len(fitted)))
+    return out
+
+
+def simulate_target(target: Target, profile: CalibrationProfile, num_prompts: int | None = None) -> float | None:
+    """The target's metric as `lab simulate` computes it (None: the deployment does not fit). num_prompts
+    caps requests arriving at a finite rate (a fit's shortcut); a batch sent all at once keeps its size,
+    whose longest outputs decide how long the batch runs."""
+    deployment = target.build(profile.efficiency(target.device, target.engine))
+    cap = num_prompts if target.workload.request_rate != math.inf else None
+    try:
+        result = simulate(deployment, target.requests(cap))
+    except DoesNotFit:
+        return None
+    timings = client_timings(deployment, result.requests)
+    value = compute_metrics(timings, max(t.finished for t in timings), {})[target.metric]
+    # a simulation runs with the cyclic collector paused (simulate.py) and leaves cycles behind; a fit runs
+    # thousands of them in one process, so they are collected here rather than piling up
+    del result, timings
+    gc.collect()
+    return value
+
+
+@dataclass
+class FitResult:
+    values: dict[str, float]
+    cost: float
+    iterations: int
+    keys: list[str]
+    jacobian: np.ndarray  # d log(simulated) / d log(constant) at the fit, one row per target
+    log: list[str] = field(default_factory=list)
+
+
+class _Problem:
+    def __init__(self, targets: list[Target], keys: list[str], fixed: dict[str, float], num_prompts: int | None):
+        self.targets, self.keys, self.fixed, self.num_prompts = targets, keys, fixed, num_prompts
+        self.low = np.log([BOUNDS[k.rsplit(".", 1)[1]][0] for k in keys])
+        self.high = np.log([BOUNDS[k.rsplit(".", 1)[1]][1] for k in keys])
+        self.x0 = np.log([prior(k) for k in keys])
+        self.mask = np.array([[depends(k, t) for k in keys] for t in targets])
+
+    def profile(self, x: np.ndarray) -> CalibrationProfile:
+        return CalibrationProfile("fit", {**self.fixed, **_values(self.keys, x)})
+
+    def residuals(self, x: np.ndarray, rows=None, base: np.ndarray | None = None) -> np.ndarray:
+        profile = self.profile(x)
+        out = base.copy() if base is not None else np.zeros(len(self.targets))
+        for i in (range(len(self.targets)) if rows is None else rows):
+            t = self.targets[i]
+            sim = simulate_target(t, profile, self.num_prompts)
+            out[i] = MISSING if sim is None or sim <= 0 else math.log(sim / t.value)
+        return out
+
+    def stacked(self, x: np.ndarray, r: np.ndarray) -> np.ndarray:
+        return np.concatenate([r, PRIOR_WEIGHT * (x - self.x0)])
+
+    def cost(self, x: np.ndarray, r: np.ndarray) -> float:
+        return float(np.sum(self.stacked(x, r) ** 2))
+
+
+def fit(targets: list[Target], start: dict[str, float] | None = None, keys: list[str] | None = None,
+        iterations: int = 8, num_prompts: int | None = 300, progress: Callable[[str], None] = lambda s: None,
+        fixed: dict[str, float] | None = None, jacobian: np.ndarray | None = None) -> FitResult:
+    """jacobian: reuse this one (rows: targets, columns: keys) instead of differencing at every iteration."""
+    keys = keys or candidate_keys(targets)
+    problem = _Problem(targets, keys, fixed or {}, num_prompts)
+    start = start or {}
+    x = np.clip(np.array([math.log(start.get(k, prior(k))) for k in keys]), problem.low, problem.high)
+    r = problem.residuals(x)
+    cost = problem.cost(x, r)
+    lam, h, log = 0.1, 0.05, []
+    it = 0
+    J = jacobian
+    for it in range(1, iterations + 1):
+        if jacobian is None:
+            J = _jacobian(problem, x, r, h)
+        Jf = np.vstack([J, PRIOR_WEIGHT * np.eye(len(keys))])
+        f = problem.stacked(x, r)
+        A, g = Jf.T @ Jf, Jf.T @ f
+        improved = False
+        while lam < 1e4:
+            step = np.linalg.solve(A + lam * np.diag(np.diag(A)) + 1e-12 * np.eye(len(keys)), -g)
+            x_new = np.clip(x + step, problem.low, problem.high)
+            r_new = problem.residuals(x_new)
+            cost_new = problem.cost(x_new, r_new)
+            if cost_new < cost:
+                x, r, cost, improved = x_new, r_new, cost_new, True
+                lam = max(lam / 3, 1e-4)
+                break
+            lam *= 4
+        rms = math.sqrt(float(np.mean(r ** 2)))
+        log.append(f"iteration {it}: cost {cost:.4f}, rms log-error {rms:.3f}, lambda {lam:.0e}")
+        progress(log[-1])
+        if not improved or float(np.max(np.abs(g))) < 1e-6:
+            break
+    return FitResult({**(fixed or {}), **_values(keys, x)}, cost, it, keys,
+                     J if J is not None else _jacobian(problem, x, r, h), log)
+
+
+def _values(keys: list[str], x: np.ndarray) -> dict[str, float]:
+    """exp(log(bound)) can land a rounding error outside the bound: clamp."""
+    out = {}
+    for key, v in zip(keys, x):
+        low, high = BOUNDS[key.rsplit(".", 1)[1]]
+        out[key] = min(max(float(math.exp(v)), low), high)
+    return out
+
+
+def _jacobian(problem: _Problem, x: np.ndarray, r: np.ndarray, h: float) -> np.ndarray:
+    J = np.zeros((len(problem.targets), len(problem.keys)))
+    for j in range(len(problem.keys)):
+        rows = np.flatnonzero(problem.mask[:, j])
+        if not len(rows):
+            continue
+        xj = x.copy()
+        # step inwards at the upper bound, so the difference stays inside the box
+        xj[j] += h if x[j] + h <= problem.high[j] else -h
+        rj = problem.residuals(xj, rows, r)
+        J[:, j] = (rj - r) / (xj[j] - x[j])
+    return J
+
+
+def folds(targets: list[Target], k: int) -> list[int]:
+    """Fold of each target: round-robin over targets sorted by (group, id), so every fold spans groups."""
+    order = sorted(range(len(targets)), key=lambda i: (targets[i].group, targets[i].id))
+    fold = [0] * len(targets)
+    for n, i in enumerate(order):
+        fold[i] = n % k
+    return fold
+
+
+def cross_validate(targets: list[Target], full: FitResult, k: int = 5, iterations: int = 3,
+                   num_prompts: int | None = 300, progress: Callable[[str], None] = lambda s: None,
+                   fixed: dict[str, float] | None = None) -> list[float | None]:
+    """Each used target's simulated value when its fold was left out of the fit (None: excluded targets).
+    Each fold refits from the full fit with the full fit's Jacobian (its training rows) and fresh residuals:
+    Gauss-Newton steps on the training points alone, without re-differencing every constant."""
+    used = [i for i, t in enumerate(targets) if not t.excluded]
+    row_of = {id(t): n for n, t in enumerate(t for t in targets if not t.excluded)}
+    assignment = folds([targets[i] for i in used], k)
+    held_out: list[float | None] = [None] * len(targets)
+    for fold in range(k):
+        train = [targets[i] for n, i in enumerate(used) if assignment[n] != fold]
+        test = [i for n, i in enumerate(used) if assignment[n] == fold]
+        keys = [key for key in candidate_keys(train) if key in full.keys]
+        columns = [full.keys.index(key) for key in keys]
+        jacobian = full.jacobian[np.ix_([row_of[id(t)] for t in train], columns)]
+        result = fit(train, start=full.values, keys=keys, iterations=iterations, num_prompts=num_prompts,
+                     fixed=fixed, jacobian=jacobian, progress=lambda s, f=fold: progress(f"fold {f + 1}/{k}: {s}"))
+        # a constant no training point could see (a GPU only the fold has) keeps its prior, not the full fit's
+        profile = CalibrationProfile("fold", with_gpu_defaults(
+            {key: v for key, v in result.values.items() if key in keys or key in (fixed or {})}))
+        for i in test:
+            held_out[i] = simulate_target(targets[i], profile)
+    return held_out

@@ -1,0 +1,192 @@
+"""Calibration profiles: the fitted GPU constants stay physically plausible, each cost-model term does what
+its name says, users' vLLM result files load, and the fit recovers constants it was given."""
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from servelab.core.plan import ScheduledRequest, StepPlan
+from servelab.errors import FieldError
+from servelab.executor.cost_model import GPU_EFFICIENCY, CostModel, CostModelExecutor
+from servelab.lab.api import DeploymentRequest, SimulateRequest, simulate
+from servelab.lab.calibrate.reference_fit import cross_validate, fit, simulate_target
+from servelab.lab.calibrate.targets import Target, measurement_targets
+from servelab.lab.catalog import get_device, get_model, gpu_ids
+from servelab.lab.catalog.calibration import (BOUNDS, CalibrationProfile, calibration_names, link_kind,
+                                              load_calibration)
+from servelab.lab.catalog.reference import DeploymentFields
+from servelab.sampling_params import SamplingParams
+from servelab.workload import WorkloadConfig
+
+PUBLIC = load_calibration()
+EFFICIENCIES = ("matmul", "attention", "memory", "kv_memory", "interconnect")
+
+
+def test_shipped_profile_is_the_default_and_its_constants_are_plausible():
+    assert "public" in calibration_names() and PUBLIC.name == "public"
+    assert set(PUBLIC.engines()) >= {"vllm", "sglang", "tensorrt-llm"}
+    for key, value in PUBLIC.values.items():
+        low, high = BOUNDS[key.rsplit(".", 1)[1]]
+        assert low <= value <= high, key
+    for gpu in gpu_ids():
+        device = get_device(gpu)
+        for engine in PUBLIC.engines():
+            e = PUBLIC.efficiency(device, engine)
+            assert all(0 < getattr(e, name) <= 1 for name in EFFICIENCIES), (gpu, engine)
+            assert 0 < e.step_overhead_s <= 10e-3
+            assert 1e-6 <= e.allreduce_latency_s <= 100e-6
+            assert 0 <= e.api_ttft_overhead_s <= 0.1 and 0 <= e.api_final_overhead_s <= 0.1
+
+
+def test_the_fit_reports_held_out_errors_for_every_point():
+    points = PUBLIC.fit["points"]
+    assert len(points) >= 30
+    for p in points:
+        assert p["excluded"] or p["held_out_error"] is not None, p["id"]
+    summary = PUBLIC.fit["summary"]
+    assert summary["held_out_mean_abs_error"] == pytest.approx(
+        sum(abs(p["held_out_error"]) for p in points if not p["excluded"]) / summary["num_used"])
+
+
+@pytest.mark.parametrize("key, value", [("constants.matmul", 1.2), ("links.nvlink.allreduce_latency_s", 0.5e-6),
+                                        ("engines.vllm.step_overhead_s", 0.02)])
+def test_constants_outside_their_bounds_are_refused(key, value):
+    with pytest.raises(ValueError, match="outside"):
+        CalibrationProfile("bad", {key: value})
+
+
+def test_unknown_keys_are_refused():
+    with pytest.raises(ValueError, match="scope"):
+        CalibrationProfile("bad", {"gpus.h100.warp_speed": 1.0})
+
+
+def test_the_most_specific_scope_wins():
+    profile = CalibrationProfile("t", {"constants.step_overhead_s": 1e-3, "links.nvlink.step_overhead_s": 2e-3,
+                                       "gpus.h100.step_overhead_s": 3e-3, "engines.sglang.step_overhead_s": 4e-3})
+    h100, a100, l4 = get_device("h100"), get_device("a100-80gb"), get_device("l4")
+    assert profile.efficiency(h100, "sglang").step_overhead_s == 4e-3
+    assert profile.efficiency(h100, "vllm").step_overhead_s == 3e-3
+    assert profile.efficiency(a100, "vllm").step_overhead_s == 2e-3
+    assert link_kind(l4) == "pcie" and profile.efficiency(l4, "vllm").step_overhead_s == 1e-3
+    assert profile.efficiency(l4, "vllm").matmul == GPU_EFFICIENCY.matmul  # no scope sets it: the prior
+
+
+def test_gemm_efficiency_saturates_in_the_step_token_count():
+    e = replace(GPU_EFFICIENCY, matmul=0.8, matmul_half_tokens=256.0)
+    cm = CostModel(get_model("llama-3.1-8b"), get_device("h100"), e)
+    per_token = [cm.weights_time(m, 0) / m for m in (64, 512, 4096, 32768, 262144)]
+    assert per_token == sorted(per_token, reverse=True)
+    params = cm.dense_params + cm.expert_params  # per layer: attention projections and the MLP
+    peak_rate = 2 * cm.num_layers * params / (cm.device.flops * 0.8)  # at eff = e_max, never above
+    assert per_token[-1] > peak_rate and per_token[-1] == pytest.approx(peak_rate, rel=0.01)
+
+
+def _plan(num_decodes: int, prefill_len: int = 0) -> StepPlan:
+    params = SamplingParams(max_tokens=8)
+    scheduled = [ScheduledRequest(str(i), [0], 100, [0], True, params) for i in range(num_decodes)]
+    if prefill_len:
+        scheduled.append(ScheduledRequest("p", [0] * prefill_len, 0, [1], True, params))
+    return StepPlan(scheduled)
+
+
+def test_cuda_graphs_spare_decode_steps_the_kernel_launches():
+    e = replace(GPU_EFFICIENCY, layer_launch_overhead_s=40e-6)
+    model, device = get_model("llama-3.1-8b"), get_device("h100")
+    graphs, eager = (CostModelExecutor(CostModel(model, device, e, cuda_graphs=flag)) for flag in (True, False))
+    launches = 40e-6 * model.num_hidden_layers
+    decode = _plan(8)
+    assert eager.execute(decode).breakdown["overhead"] == pytest.approx(
+        graphs.execute(decode).breakdown["overhead"] + launches)
+    mixed = _plan(8, prefill_len=64)  # prefills run eagerly either way
+    assert eager.execute(mixed).breakdown["overhead"] == graphs.execute(mixed).breakdown["overhead"]
+
+
+def test_multi_step_scheduling_spreads_cpu_work_and_delays_first_tokens():
+    model, device = get_model("llama-3.1-8b"), get_device("h100")
+    one, ten = (CostModel(model, device, GPU_EFFICIENCY, num_scheduler_steps=n) for n in (1, 10))
+    assert ten.overhead_time(32, 32) == pytest.approx(one.overhead_time(32, 32) / 10)
+    assert ten.overhead_time(32, 96) == one.overhead_time(32, 96)  # a prefill step is scheduled on its own
+    workload = WorkloadConfig(num_prompts=40, input_len=200, output_len=50, request_rate=2.0)
+    runs = [simulate(SimulateRequest(DeploymentRequest(num_scheduler_steps=n), workload)).evaluation.metrics
+            for n in (1, 10, 10)]
+    assert runs[1] == runs[2]  # deterministic
+    # the wait for the block in flight: (N - 1) / 2 decode steps on average, about 4.5 TPOT here
+    extra = runs[1]["mean_ttft_ms"] - runs[0]["mean_ttft_ms"]
+    assert 3 * runs[1]["mean_tpot_ms"] < extra < 6 * runs[1]["mean_tpot_ms"]
+
+
+def test_api_overheads_move_ttft_and_the_last_token_only():
+    workload = WorkloadConfig(num_prompts=30, input_len=100, output_len=20, request_rate=1.0)
+    base = CalibrationProfile("t", {"engines.vllm.step_overhead_s": 3e-4})
+    api = CalibrationProfile("t", {"engines.vllm.step_overhead_s": 3e-4, "engines.vllm.api_ttft_overhead_s": 0.02,
+                                   "engines.vllm.api_final_overhead_s": 0.01})
+    fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "vllm", 1, True)
+    targets = [Target(m, "t", fields, workload, m, 1.0) for m in ("mean_ttft_ms", "mean_e2el_ms", "mean_itl_ms")]
+    before = [simulate_target(t, base) for t in targets]
+    after = [simulate_target(t, api) for t in targets]
+    assert after[0] == pytest.approx(before[0] + 20)
+    assert after[1] == pytest.approx(before[1] + 30)
+    assert after[2] == pytest.approx(before[2] + 10 / 19, rel=0.01)  # the closing chunk's extra gap, over 19 gaps
+
+
+def test_unknown_calibration_or_engine_is_a_field_error():
+    with pytest.raises(FieldError) as err:
+        DeploymentRequest(calibration="no-such-profile").build()
+    assert err.value.fields == ("calibration",)
+    with pytest.raises(FieldError) as err:
+        DeploymentRequest(engine="no-such-engine").build()
+    assert err.value.fields == ("engine",)
+
+
+def _vllm_result(tmp_path, **overrides):
+    # the keys `vllm bench serve --save-result` writes (vllm/benchmarks/serve.py), without --save-detailed
+    data = {"date": "20260101-000000", "endpoint_type": "vllm", "label": None, "model_id": "meta-llama/Llama-3.1-8B",
+            "tokenizer_id": "meta-llama/Llama-3.1-8B", "num_prompts": 200, "request_rate": 4.0, "burstiness": 1.0,
+            "max_concurrency": None, "duration": 52.1, "completed": 200, "failed": 0, "total_input_tokens": 102400,
+            "total_output_tokens": 25600, "request_throughput": 3.84, "request_goodput": None,
+            "output_throughput": 491.4, "total_token_throughput": 2456.9, "mean_ttft_ms": 31.0,
+            "median_ttft_ms": 29.5, "std_ttft_ms": 5.0, "p99_ttft_ms": 60.1, "mean_tpot_ms": 7.9,
+            "median_tpot_ms": 7.8, "std_tpot_ms": 0.4, "p99_tpot_ms": 9.0, "mean_itl_ms": 7.9,
+            "median_itl_ms": 7.6, "std_itl_ms": 1.0, "p99_itl_ms": 20.0, "mean_e2el_ms": 1040.0,
+            "median_e2el_ms": 1030.0, "std_e2el_ms": 50.0, "p99_e2el_ms": 1200.0, **overrides}
+    path = tmp_path / "vllm-4.0qps-Llama-3.1-8B.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_vllm_bench_result_files_become_targets(tmp_path):
+    fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "vllm", 1, True)
+    targets = measurement_targets(_vllm_result(tmp_path), fields)
+    by_metric = {t.metric: t for t in targets}
+    assert by_metric["median_ttft_ms"].value == 29.5 and by_metric["output_throughput"].value == 491.4
+    w = targets[0].workload
+    assert (w.num_prompts, w.input_len, w.output_len, w.request_rate) == (200, 512, 128, 4.0)
+    detailed = measurement_targets(_vllm_result(tmp_path, input_lens=[400, 600], output_lens=[100, 156], completed=2),
+                                   fields)
+    assert (detailed[0].workload.input_len, detailed[0].workload.output_len) == (500, 128)
+    assert detailed[0].workload.range_ratio == pytest.approx(0.22, abs=0.01)
+    with pytest.raises(ValueError, match="completed"):
+        measurement_targets(_vllm_result(tmp_path, completed=0, num_prompts=0), fields)
+
+
+def test_the_fit_recovers_constants_it_was_given_and_cross_validates_deterministically():
+    truth = CalibrationProfile("truth", {"engines.vllm.step_overhead_s": 2e-3, "engines.vllm.api_ttft_overhead_s": 0.015,
+                                         "gpus.h100.memory": 0.6})
+    fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "vllm", 1, True)
+    targets = []
+    for rate, out in ((1.0, 40), (2.0, 80), (4.0, 20)):
+        workload = WorkloadConfig(num_prompts=20, input_len=300, output_len=out, request_rate=rate)
+        for metric in ("median_ttft_ms", "median_tpot_ms"):
+            probe = Target(f"{rate}-{metric}", "t", fields, workload, metric, 1.0)
+            targets.append(replace(probe, value=simulate_target(probe, truth)))
+    # a decode step's weight streaming and its fixed overhead both add to TPOT alike at small batches: the fit
+    # is given the bandwidth and finds the overheads (TPOT gives the step's, TTFT the API server's)
+    keys = ["engines.vllm.step_overhead_s", "engines.vllm.api_ttft_overhead_s"]
+    fixed = {"gpus.h100.memory": 0.6}
+    result = fit(targets, keys=keys, iterations=10, num_prompts=None, fixed=fixed)
+    for key in keys:
+        assert result.values[key] == pytest.approx(truth.values[key], rel=0.1), key
+    held_out = cross_validate(targets, result, k=3, iterations=2, num_prompts=None, fixed=fixed)
+    assert held_out == cross_validate(targets, result, k=3, iterations=2, num_prompts=None, fixed=fixed)
+    assert all(abs(h / t.value - 1) < 0.1 for h, t in zip(held_out, targets))
