@@ -100,7 +100,7 @@ def test_cost_model_prices_with_measured_curves():
     plan = StepPlan([ScheduledRequest("a", [1, 2, 3], 0, [0], True, params)])
     parts = CostModelExecutor(cm).execute(plan).breakdown
     assert parts["weights"] == pytest.approx(0.04 + 0.004) and parts["overhead"] == pytest.approx(0.0011)
-    with pytest.raises(ValueError, match="tp 1"):
+    with pytest.raises(ValueError, match="no all-reduce timing for tp 3"):
         CostModel(model, device, e, tensor_parallel_size=3)
 
 

@@ -67,7 +67,7 @@ class _Interference:
             if s.num_prefill_tokens and s.num_decode_requests:
                 attention = s.breakdown.get("attention", 0.0) * s.num_decode_requests / s.num_scheduled_tokens
                 n = s.num_decode_requests
-                alone = (cost.weights_time(n, n) + cost.communication_time(n) + cost.overhead_time(n) + attention)
+                alone = (cost.weights_time(n, n) + cost.communication_time(n) + cost.overhead_time(n, n) + attention)
                 starts.append(s.start)
                 extras.append(max(0.0, s.duration - alone))
         self.starts = starts
