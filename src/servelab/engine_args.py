@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
-from servelab.config import SCHEDULE_POLICIES, CacheConfig, ParallelConfig, SchedulerConfig
+from servelab.config import QUANTIZATION_METHODS, SCHEDULE_POLICIES, CacheConfig, ParallelConfig, SchedulerConfig
 
 
 @dataclass
@@ -20,6 +20,7 @@ class EngineArgs:
     num_kv_blocks: int | None = None
     num_threads: int | None = None
     tensor_parallel_size: int = 1
+    quantization: str | None = None
     # `servelab serve` only: engine-core processes behind the API server, or one engine in a thread of it
     data_parallel_size: int = 1
     engine_in_process: bool = False
@@ -49,6 +50,10 @@ class EngineArgs:
         parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                             help="shard the model over this many worker processes (torch.distributed); "
                                  "it must split the attention heads evenly")
+        parser.add_argument("--quantization", "-q", default=None, choices=QUANTIZATION_METHODS,
+                            help="gguf = run the .gguf file's own quantized blocks (Q8_0, Q4_0, Q4_1, Q4_K) "
+                                 "without de-quantizing them; int8 = W8A8 dynamic (int8 weights per channel, "
+                                 "activations per token), for batched steps. Default: float weights (--dtype)")
 
     @staticmethod
     def add_process_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +74,8 @@ class EngineArgs:
                            num_blocks=self.num_kv_blocks)
 
     def parallel_config(self) -> ParallelConfig:
+        if self.quantization is not None and self.tensor_parallel_size != 1:
+            raise ValueError("--quantization runs on one rank only; use --tensor-parallel-size 1")
         return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size)
 
     def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
