@@ -29,7 +29,7 @@ def load_gguf_weights(gguf_path: Path, dtype: torch.dtype) -> dict[str, torch.Te
             data = unpermute_qk(data, heads)
         elif ".k_proj." in name:
             data = unpermute_qk(data, kv_heads)
-        tensor = torch.from_numpy(np.ascontiguousarray(data))
+        tensor = torch.from_numpy(np.array(data, order="C"))  # a writable copy of the mapped file
         # t.shape is ggml's (columns, rows)
         weights[name] = GGUFWeight(tensor, int(t.tensor_type), int(t.shape[0])) if keep_blocks else tensor.to(dtype)
     return weights
