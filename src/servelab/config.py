@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from servelab.specs import ModelSpec
 
 SCHEDULE_POLICIES = ("serial", "static", "continuous")
+QUANTIZATION_METHODS = ("gguf", "int8")  # model/quantization.py
 
 
 @dataclass(frozen=True)

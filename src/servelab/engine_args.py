@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
-from servelab.config import SCHEDULE_POLICIES, CacheConfig, KVTransferConfig, ParallelConfig, SchedulerConfig
+from servelab.config import (QUANTIZATION_METHODS, SCHEDULE_POLICIES, CacheConfig, KVTransferConfig, ParallelConfig,
+                             SchedulerConfig)
 
 
 @dataclass
@@ -25,6 +26,7 @@ class EngineArgs:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
+    quantization: str | None = None
     # `servelab serve` only: engine-core processes behind the API server, or one engine in a thread of it
     data_parallel_size: int = 1
     engine_in_process: bool = False
@@ -73,6 +75,10 @@ class EngineArgs:
         g.add_argument("--master-port", type=int, default=None,
                        help="port of node 0's rendezvous store; required with --nnodes > 1 "
                             "(default: any free port, for one node)")
+        parser.add_argument("--quantization", "-q", default=None, choices=QUANTIZATION_METHODS,
+                            help="gguf = run the .gguf file's own quantized blocks (Q8_0, Q4_0, Q4_1, Q4_K) "
+                                 "without de-quantizing them; int8 = W8A8 dynamic (int8 weights per channel, "
+                                 "activations per token), for batched steps. Default: float weights (--dtype)")
 
     @staticmethod
     def add_process_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +105,8 @@ class EngineArgs:
                            num_blocks=self.num_kv_blocks, enable_prefix_caching=self.enable_prefix_caching)
 
     def parallel_config(self) -> ParallelConfig:
+        if self.quantization is not None and self.tensor_parallel_size != 1:
+            raise ValueError("--quantization runs on one rank only; use --tensor-parallel-size 1")
         return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes,
                               node_rank=self.node_rank, master_addr=self.master_addr, master_port=self.master_port)
 

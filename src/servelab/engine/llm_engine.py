@@ -24,6 +24,7 @@ from servelab.engine.output_processor import OutputProcessor
 from servelab.engine_args import EngineArgs
 from servelab.executor.model_executor import ModelExecutor
 from servelab.metrics.events import EngineState
+from servelab.model.gguf_weights import gguf_file
 from servelab.model.loader import DEFAULT_MODEL, load_model_config, resolve_dtype, resolve_model_path
 from servelab.model.tokenizer import Tokenizer
 from servelab.outputs import RequestOutput
@@ -78,7 +79,9 @@ class LLMEngine:
                               dtype=str(dtype).removeprefix("torch."), kv_transfer=args.kv_transfer_config)
         tokenizer = Tokenizer.from_pretrained(folder)
         if config.parallel.tensor_parallel_size == 1:
-            executor = ModelExecutor.from_pretrained(folder, model_config, cache, dtype, sched.max_model_len)
+            gguf_path = gguf_file(args.model) if args.quantization == "gguf" else None
+            executor = ModelExecutor.from_pretrained(folder, model_config, cache, dtype, sched.max_model_len,
+                                                     quantization=args.quantization, gguf_path=gguf_path)
         else:
             from servelab.executor.multiproc_executor import MultiprocExecutor
 

@@ -31,9 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks (results under benchmarks/results/)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
-    from servelab.bench import latency, throughput
+    from servelab.bench import latency, perplexity, throughput
     throughput.add_parser(bench_sub)
     latency.add_parser(bench_sub)
+    perplexity.add_parser(bench_sub)
     from servelab.bench import serve as bench_serve, stages, sweep
     bench_serve.add_parser(bench_sub)
     sweep.add_parser(bench_sub)

@@ -17,6 +17,7 @@ from servelab.core.plan import ScheduledRequest, StepPlan, StepResult
 from servelab.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from servelab.model.attention import AttentionMetadata, PrefillChunk
 from servelab.model.llama import LlamaForCausalLM
+from servelab.model.gguf_weights import load_gguf_weights
 from servelab.model.loader import load_state_dict
 from servelab.model.sampler import Sampler, SamplingRow
 from servelab.specs import ModelSpec
@@ -51,11 +52,18 @@ class ModelExecutor:
     @classmethod
     def from_pretrained(cls, folder: Path, model_config: ModelSpec, cache_config: CacheConfig,
                         dtype: torch.dtype, max_model_len: int,
-                        tp: TensorParallelGroup = SINGLE_RANK) -> "ModelExecutor":
+                        tp: TensorParallelGroup = SINGLE_RANK, quantization: str | None = None,
+                        gguf_path: Path | None = None) -> "ModelExecutor":
         """kv_cache_memory is per rank (as vLLM's memory budget is per device): a rank holding 1/N of
-        the KV heads fits N times the blocks."""
-        model = LlamaForCausalLM(model_config, dtype, max_positions=max_model_len, tp=tp)
-        model.load_weights(load_state_dict(folder, dtype))
+        the KV heads fits N times the blocks. quantization "gguf" reads gguf_path's blocks instead of
+        the converted folder's float weights."""
+        model = LlamaForCausalLM(model_config, dtype, max_positions=max_model_len, tp=tp, quantization=quantization)
+        if quantization == "gguf":
+            if gguf_path is None:
+                raise ValueError("quantization 'gguf' needs the .gguf file")
+            model.load_weights(load_gguf_weights(gguf_path, dtype))
+        else:
+            model.load_weights(load_state_dict(folder, dtype))
         model.eval()
         kv_bytes_per_token = model_config.num_hidden_layers * math.prod(model.kv_cache_shape(1, 1)) * dtype.itemsize
         num_blocks = cache_config.num_blocks or num_blocks_for_memory(
@@ -66,12 +74,7 @@ class ModelExecutor:
 
     @property
     def weight_bytes(self) -> int:
-        seen, total = set(), 0
-        for p in self.model.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                total += p.numel() * p.element_size()
-        return total
+        return self.model.weight_bytes()
 
     @property
     def weight_bytes_per_rank(self) -> tuple[int, ...]:
@@ -116,6 +119,19 @@ class ModelExecutor:
                     row_state.output_token_ids.append(token.token_id)
                     sampled[s.request_id] = token
         return StepResult(sampled=sampled, duration=time.perf_counter() - start)
+
+    def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """(len(token_ids), vocab) fp32 logits at every position of one sequence, prefilled in one
+        step over the first KV blocks (perplexity). Only for an executor with no requests running."""
+        num_blocks = -(-len(token_ids) // self.block_size)
+        if num_blocks > self.num_blocks:
+            raise ValueError(f"{len(token_ids)} tokens need {num_blocks} KV blocks; the cache has {self.num_blocks}")
+        request = ScheduledRequest("prompt-logits", list(token_ids), 0, list(range(num_blocks)), sample=False,
+                                   sampling_params=None)
+        input_ids, positions, meta = self._prepare([], [request])
+        with torch.inference_mode():
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)
+            return self.model.compute_logits(hidden).float()
 
     def _prepare(self, decodes: list[ScheduledRequest], prefills: list[ScheduledRequest]):
         bs = self.block_size

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
-SOURCES = ("bindings.cpp", "linear_bf16.cpp", "cpu_ops.cpp", "decode_step.cpp")
-HEADERS = ("ops.h", "simd.h", "rowops.h", "gemv.h")
+SOURCES = ("bindings.cpp", "linear_bf16.cpp", "linear_quant.cpp", "cpu_ops.cpp", "decode_step.cpp")
+HEADERS = ("ops.h", "simd.h", "rowops.h", "gemv.h", "quant_blocks.h")
 
 
 def _build_name(here: Path) -> str:
@@ -42,12 +42,12 @@ def _break_stale_lock(build_dir: Path) -> None:
         pass
 
 
-def _cpu_has_avx2_fma() -> bool:
+def _cpu_has_avx2_fma_f16c() -> bool:
     try:
         flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:
         return False
-    return "avx2" in flags and "fma" in flags
+    return "avx2" in flags and "fma" in flags and "f16c" in flags
 
 
 @functools.lru_cache(maxsize=None)
@@ -55,7 +55,7 @@ def cpu_ops():
     """The compiled module, or None where it cannot be built (no AVX2/FMA, no C++ compiler, or
     SERVELAB_NO_KERNELS=1); callers then stay on PyTorch's own ops. The first build takes about a
     minute; later processes load the cached .so."""
-    if os.environ.get("SERVELAB_NO_KERNELS") == "1" or not _cpu_has_avx2_fma():
+    if os.environ.get("SERVELAB_NO_KERNELS") == "1" or not _cpu_has_avx2_fma_f16c():
         return None
     try:
         from torch.utils.cpp_extension import load
@@ -67,7 +67,7 @@ def cpu_ops():
         cache.mkdir(parents=True, exist_ok=True)
         _break_stale_lock(cache)
         return load(name=name, sources=[str(here / s) for s in SOURCES],
-                    extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                    extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"], extra_ldflags=["-fopenmp"],
                     build_directory=str(cache), verbose=False)
     except Exception as exc:  # a missing compiler must not stop the engine, only slow bf16 down
         logger.warning("servelab CPU kernels unavailable (%s); using PyTorch ops", exc)

@@ -18,6 +18,7 @@
 
 #include "gemv.h"
 #include "ops.h"
+#include "quant_blocks.h"
 #include "rowops.h"
 
 namespace servelab {
@@ -40,6 +41,39 @@ at::Tensor packed(const at::Tensor& w) {
   return out;
 }
 
+// A matrix as the runner streams it: bf16 packed (gemv.h) or GGUF blocks as stored.
+at::Tensor prepared(const at::Tensor& w, int64_t type, int64_t rows, int64_t cols, const char* name) {
+  if (type == DecodeRunner::BF16) {
+    check_weight(w, rows, cols, name);
+    return packed(w);
+  }
+  TORCH_CHECK(quant::supported(type) && cols % quant::block_values(type) == 0 && w.scalar_type() == at::kByte &&
+                  w.is_contiguous() && w.dim() == 2 && w.size(0) == rows && w.size(1) == quant::row_bytes(type, cols),
+              "DecodeRunner: ", name, " must be bf16 or contiguous GGUF blocks (", rows, ", row bytes) of a supported type");
+  return w;
+}
+
+// Per-thread buffers for one GEMV input: its even/odd split (bf16) or its sub-block sums (GGUF).
+struct GemvInput {
+  std::vector<float> even, odd, sums;
+  explicit GemvInput(int64_t widest) : even(widest / 2), odd(widest / 2), sums(widest / quant::SUB) {}
+};
+
+// y[n] = w[n] . x for rows [begin, end) (multiples of gemv::PACK) of a prepared matrix of K columns.
+void gemv_rows(const at::Tensor& w, int64_t type, const float* x, int64_t K, float* y, int64_t begin, int64_t end,
+               GemvInput& in) {
+  if (type == DecodeRunner::BF16) {
+    gemv::split_even_odd(x, K, in.even.data(), in.odd.data());
+    gemv::packed_rows(in.even.data(), in.odd.data(), bf16_bits(w), K, y, begin, end);
+    return;
+  }
+  quant::subblock_sums(x, K, in.sums.data());
+  const float* xs[1] = {x};
+  const float* ss[1] = {in.sums.data()};
+  float* ys[1] = {y};
+  quant::rows<1>(type, w.data_ptr<uint8_t>(), K, xs, ss, ys, begin, end);
+}
+
 void check_vector(const at::Tensor& v, int64_t n, const char* name) {
   TORCH_CHECK(v.scalar_type() == at::kFloat && v.is_contiguous() && v.numel() == n,
               "DecodeRunner: ", name, " must be contiguous fp32 of ", n, " elements");
@@ -54,37 +88,43 @@ void add_and_norm(float* residual, const float* x, const float* w, double eps, i
 
 }  // namespace
 
-DecodeRunner::DecodeRunner(at::Tensor embed, at::Tensor lm_head, at::Tensor final_norm, at::Tensor cos,
-                           at::Tensor sin, int64_t num_heads, int64_t num_kv_heads, double eps)
+DecodeRunner::DecodeRunner(at::Tensor embed, int64_t embed_type, at::Tensor lm_head, int64_t lm_head_type,
+                           at::Tensor final_norm, at::Tensor cos, at::Tensor sin, int64_t num_heads,
+                           int64_t num_kv_heads, double eps)
     : embed_(std::move(embed)), final_norm_(std::move(final_norm)), cos_(std::move(cos)), sin_(std::move(sin)),
-      num_heads_(num_heads), num_kv_heads_(num_kv_heads), eps_(eps) {
-  hidden_ = embed_.size(1);
+      embed_type_(embed_type), lm_head_type_(lm_head_type), num_heads_(num_heads), num_kv_heads_(num_kv_heads),
+      eps_(eps) {
+  hidden_ = final_norm_.numel();
   head_dim_ = cos_.size(1);
-  TORCH_CHECK(embed_.scalar_type() == at::kBFloat16 && embed_.is_contiguous(), "DecodeRunner: bf16 embeddings");
+  if (embed_type_ == BF16) {
+    TORCH_CHECK(embed_.scalar_type() == at::kBFloat16 && embed_.is_contiguous() && embed_.size(1) == hidden_,
+                "DecodeRunner: bf16 embeddings");
+  } else {
+    embed_ = prepared(embed_, embed_type_, embed_.size(0), hidden_, "embed_tokens");
+  }
   TORCH_CHECK(hidden_ % 16 == 0 && head_dim_ % 8 == 0 && num_heads % num_kv_heads == 0, "DecodeRunner: shapes");
-  check_weight(lm_head, lm_head.size(0), hidden_, "lm_head");
-  lm_head_ = packed(lm_head);
+  lm_head_ = prepared(lm_head, lm_head_type_, lm_head.size(0), hidden_, "lm_head");
   check_vector(final_norm_, hidden_, "final_norm");
   TORCH_CHECK(cos_.scalar_type() == at::kFloat && sin_.scalar_type() == at::kFloat && cos_.is_contiguous() &&
                   sin_.is_contiguous() && sin_.sizes() == cos_.sizes(), "DecodeRunner: fp32 cos, sin");
 }
 
 void DecodeRunner::add_layer(at::Tensor input_norm, at::Tensor qkv, c10::optional<at::Tensor> qkv_bias,
-                             at::Tensor o, at::Tensor post_norm, at::Tensor gate_up, at::Tensor down) {
+                             at::Tensor o, at::Tensor post_norm, at::Tensor gate_up, at::Tensor down,
+                             std::vector<int64_t> types) {
+  TORCH_CHECK(types.size() == 4, "DecodeRunner: one weight type for each of qkv, o, gate_up, down");
   const int64_t q_size = num_heads_ * head_dim_, qkv_rows = q_size + 2 * num_kv_heads_ * head_dim_;
   const int64_t inter = gate_up.size(0) / 2;
   TORCH_CHECK(inter % 16 == 0, "DecodeRunner: intermediate size must be a multiple of 16");
   check_vector(input_norm, hidden_, "input_norm");
   check_vector(post_norm, hidden_, "post_attention_norm");
-  check_weight(qkv, qkv_rows, hidden_, "qkv_proj");
-  check_weight(o, hidden_, q_size, "o_proj");
-  check_weight(gate_up, 2 * inter, hidden_, "gate_up_proj");
-  check_weight(down, hidden_, inter, "down_proj");
   if (qkv_bias.has_value()) check_vector(*qkv_bias, qkv_rows, "qkv_bias");
   if (!layers_.empty()) TORCH_CHECK(inter == layers_[0].gate_up.size(0) / 2, "DecodeRunner: layers differ");
   TORCH_CHECK(inter % gemv::PACK == 0, "DecodeRunner: intermediate size must be a multiple of ", gemv::PACK);
-  layers_.push_back({std::move(input_norm), packed(qkv), qkv_bias.value_or(at::Tensor()), packed(o),
-                     std::move(post_norm), packed(gate_up), packed(down)});
+  layers_.push_back({std::move(input_norm), prepared(qkv, types[0], qkv_rows, hidden_, "qkv_proj"),
+                     qkv_bias.value_or(at::Tensor()), prepared(o, types[1], hidden_, q_size, "o_proj"),
+                     std::move(post_norm), prepared(gate_up, types[2], 2 * inter, hidden_, "gate_up_proj"),
+                     prepared(down, types[3], hidden_, inter, "down_proj"), types[0], types[1], types[2], types[3]});
 }
 
 at::Tensor DecodeRunner::forward(int64_t token, int64_t position, int64_t slot, const at::Tensor& block_table,
@@ -111,8 +151,12 @@ at::Tensor DecodeRunner::forward(int64_t token, int64_t position, int64_t slot, 
   // the previous layer's output, added to the residual stream as the next layer starts: before the
   // first layer, the embedding (and the residual stream is zero).
   std::vector<float> qkv(qkv_rows), attn(q_size), o(H), act(inter), down(H);
-  const uint16_t* embedding = bf16_bits(embed_) + token * H;
-  for (int64_t i = 0; i < H; ++i) down[i] = simd::bf16_to_float(embedding[i]);
+  if (embed_type_ == BF16) {
+    const uint16_t* embedding = bf16_bits(embed_) + token * H;
+    for (int64_t i = 0; i < H; ++i) down[i] = simd::bf16_to_float(embedding[i]);
+  } else {
+    quant::dequantize_rows(embed_type_, embed_.data_ptr<uint8_t>(), H, token, token + 1, down.data());
+  }
   auto out = at::empty({1, H}, at::kFloat);
   const int requested = at::get_num_threads();
 
@@ -123,16 +167,15 @@ at::Tensor DecodeRunner::forward(int64_t token, int64_t position, int64_t slot, 
     gemv::packed_slab(qkv_rows, t, nt, qkv_b, qkv_e);
     gemv::packed_slab(H, t, nt, h_b, h_e);
     gemv::packed_slab(inter, t, nt, i_b, i_e);
-    // Thread-private: the residual stream, the normed row, a GEMV input split into its even and odd
-    // elements, this thread's rows of up, attention scores.
-    const int64_t widest = std::max({H, q_size, inter});
-    std::vector<float> residual(H, 0.f), normed(H), x_even(widest / 2), x_odd(widest / 2), up(i_e - i_b), scores;
+    // Thread-private: the residual stream, the normed row, a GEMV input's buffers, this thread's
+    // rows of up (at their row index in gate_up), attention scores.
+    GemvInput in(std::max({H, q_size, inter}));
+    std::vector<float> residual(H, 0.f), normed(H), up(2 * inter), scores;
 
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& layer = layers_[l];
       add_and_norm(residual.data(), down.data(), layer.input_norm.data_ptr<float>(), eps_, H, normed.data());
-      gemv::split_even_odd(normed.data(), H, x_even.data(), x_odd.data());
-      gemv::packed_rows(x_even.data(), x_odd.data(), bf16_bits(layer.qkv), H, qkv.data(), qkv_b, qkv_e);
+      gemv_rows(layer.qkv, layer.qkv_type, normed.data(), H, qkv.data(), qkv_b, qkv_e, in);
       if (layer.qkv_bias.defined()) {
         const float* b = layer.qkv_bias.data_ptr<float>();
         for (int64_t n = qkv_b; n < qkv_e; ++n) qkv[n] += b[n];
@@ -152,19 +195,15 @@ at::Tensor DecodeRunner::forward(int64_t token, int64_t position, int64_t slot, 
                                       scale, attn.data() + h * group * hd, scores);
       }
 #pragma omp barrier
-      gemv::split_even_odd(attn.data(), q_size, x_even.data(), x_odd.data());
-      gemv::packed_rows(x_even.data(), x_odd.data(), bf16_bits(layer.o), q_size, o.data(), h_b, h_e);
+      gemv_rows(layer.o, layer.o_type, attn.data(), q_size, o.data(), h_b, h_e, in);
 #pragma omp barrier
       add_and_norm(residual.data(), o.data(), layer.post_norm.data_ptr<float>(), eps_, H, normed.data());
-      gemv::split_even_odd(normed.data(), H, x_even.data(), x_odd.data());
       // This thread's gate rows and the matching up rows, so it can apply silu(gate) * up itself.
-      const uint16_t* gate_up = bf16_bits(layer.gate_up);
-      gemv::packed_rows(x_even.data(), x_odd.data(), gate_up, H, act.data(), i_b, i_e);
-      gemv::packed_rows(x_even.data(), x_odd.data(), gate_up + (inter + i_b) * H, H, up.data(), 0, i_e - i_b);
-      rowops::silu_mul(act.data() + i_b, up.data(), i_e - i_b);
+      gemv_rows(layer.gate_up, layer.gate_up_type, normed.data(), H, act.data(), i_b, i_e, in);
+      gemv_rows(layer.gate_up, layer.gate_up_type, normed.data(), H, up.data(), inter + i_b, inter + i_e, in);
+      rowops::silu_mul(act.data() + i_b, up.data() + inter + i_b, i_e - i_b);
 #pragma omp barrier
-      gemv::split_even_odd(act.data(), inter, x_even.data(), x_odd.data());
-      gemv::packed_rows(x_even.data(), x_odd.data(), bf16_bits(layer.down), inter, down.data(), h_b, h_e);
+      gemv_rows(layer.down, layer.down_type, act.data(), inter, down.data(), h_b, h_e, in);
 #pragma omp barrier
     }
     if (t == 0) add_and_norm(residual.data(), down.data(), final_norm_.data_ptr<float>(), eps_, H, out.data_ptr<float>());
@@ -176,15 +215,15 @@ at::Tensor DecodeRunner::logits(const at::Tensor& hidden) {
   TORCH_CHECK(hidden.scalar_type() == at::kFloat && hidden.numel() == hidden_,
               "DecodeRunner: logits of one fp32 row of hidden states");
   const int64_t vocab = lm_head_.size(0);
-  std::vector<float> x_even(hidden_ / 2), x_odd(hidden_ / 2);
-  gemv::split_even_odd(hidden.contiguous().data_ptr<float>(), hidden_, x_even.data(), x_odd.data());
+  auto x = hidden.contiguous();
   auto out = at::empty({1, vocab}, at::kFloat);
   const int requested = at::get_num_threads();
 #pragma omp parallel num_threads(requested)
   {
     int64_t begin, end;
+    GemvInput in(hidden_);
     gemv::packed_slab(vocab, omp_get_thread_num(), omp_get_num_threads(), begin, end);
-    gemv::packed_rows(x_even.data(), x_odd.data(), bf16_bits(lm_head_), hidden_, out.data_ptr<float>(), begin, end);
+    gemv_rows(lm_head_, lm_head_type_, x.data_ptr<float>(), hidden_, out.data_ptr<float>(), begin, end, in);
   }
   return out;
 }

@@ -14,18 +14,24 @@ void rope_and_cache_(at::Tensor& qkv, const at::Tensor& positions, const at::Ten
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, int64_t num_heads);
 at::Tensor silu_and_mul(const at::Tensor& x);
+// x (M, K) fp32 @ W.T with W (N, row bytes) uint8 in GGUF blocks of ggml type `type` (linear_quant.cpp).
+at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& w, int64_t type);
+at::Tensor dequantize_gguf(const at::Tensor& w, int64_t type, int64_t K);
 
 // A Llama-family decoder (bf16 weights, bf16 KV cache) run one token of one sequence at a time:
 // forward() is the whole decode step up to the final norm, in one parallel region, and logits()
-// the LM head (decode_step.cpp). It streams its own packed copy of the matrices (gemv.h).
+// the LM head (decode_step.cpp). It streams its own packed copy of bf16 matrices (gemv.h), or a
+// GGUF-quantized matrix's blocks as stored (quant_blocks.h).
 class DecodeRunner {
  public:
-  // embed, lm_head: (vocab, hidden) bf16; final_norm: fp32; cos, sin: (max_positions, head_dim) fp32.
-  DecodeRunner(at::Tensor embed, at::Tensor lm_head, at::Tensor final_norm, at::Tensor cos, at::Tensor sin,
-               int64_t num_heads, int64_t num_kv_heads, double eps);
-  // Norms and bias fp32; matrices bf16 with q|k|v and gate|up fused, as the model stores them.
+  static constexpr int64_t BF16 = 30;  // ggml's id; the other weight types are quant_blocks.h's
+  // embed, lm_head: (vocab, hidden) of their types; final_norm: fp32; cos, sin: (max_positions, head_dim) fp32.
+  DecodeRunner(at::Tensor embed, int64_t embed_type, at::Tensor lm_head, int64_t lm_head_type, at::Tensor final_norm,
+               at::Tensor cos, at::Tensor sin, int64_t num_heads, int64_t num_kv_heads, double eps);
+  // Norms and bias fp32; matrices with q|k|v and gate|up fused, as the model stores them; types: of
+  // qkv, o, gate_up, down.
   void add_layer(at::Tensor input_norm, at::Tensor qkv, c10::optional<at::Tensor> qkv_bias, at::Tensor o,
-                 at::Tensor post_norm, at::Tensor gate_up, at::Tensor down);
+                 at::Tensor post_norm, at::Tensor gate_up, at::Tensor down, std::vector<int64_t> types);
   // Writes this token's k, v at slot of every layer's cache; returns the final-normed hidden (1, hidden).
   at::Tensor forward(int64_t token, int64_t position, int64_t slot, const at::Tensor& block_table,
                      const std::vector<at::Tensor>& kv_caches);
@@ -35,8 +41,10 @@ class DecodeRunner {
  private:
   struct Layer {
     at::Tensor input_norm, qkv, qkv_bias, o, post_norm, gate_up, down;
+    int64_t qkv_type, o_type, gate_up_type, down_type;
   };
   at::Tensor embed_, lm_head_, final_norm_, cos_, sin_;
+  int64_t embed_type_, lm_head_type_;
   int64_t num_heads_, num_kv_heads_, hidden_, head_dim_;
   double eps_;
   std::vector<Layer> layers_;

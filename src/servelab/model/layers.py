@@ -9,6 +9,7 @@ from torch import nn
 
 from servelab.distributed.parallel_state import TensorParallelGroup
 from servelab.kernels import linear_bf16w
+from servelab.model.quantization import GGUFWeight, Int8Weight, QuantizedWeight, dequantize_gguf_reference
 
 
 def compute_dtype(weight_dtype: torch.dtype, device: torch.device) -> torch.dtype:
@@ -24,7 +25,10 @@ def compute_dtype(weight_dtype: torch.dtype, device: torch.device) -> torch.dtyp
 MKL_MIN_ROWS = 128
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if isinstance(weight, (GGUFWeight, Int8Weight)):
+        y = weight.linear(x).to(x.dtype)
+        return y if bias is None else y + bias.to(y.dtype)
     if weight.dtype == torch.bfloat16 and x.dtype == torch.float32 and x.device.type == "cpu":
         rows = x.numel() // x.shape[-1]
         kernel = linear_bf16w()
@@ -38,7 +42,35 @@ def _weight(*shape: int, dtype: torch.dtype) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
 
-class ColumnParallelLinear(nn.Module):
+class QuantizableLinear(nn.Module):
+    """A linear layer's matrix: the float `weight`, or, once quantized, `quantized` (and an empty weight)."""
+
+    weight: nn.Parameter
+    quantized: QuantizedWeight | None = None
+
+    @property
+    def matrix(self) -> torch.Tensor | QuantizedWeight:
+        return self.weight if self.quantized is None else self.quantized
+
+    def _set_quantized(self, quantized: QuantizedWeight) -> None:
+        if self.tp.world_size != 1:
+            raise ValueError("quantized weights run on one rank only (tensor_parallel_size 1)")
+        self.quantized = quantized
+        self.weight = _weight(0, dtype=self.weight.dtype)
+
+    def quantize_int8(self) -> None:
+        self._set_quantized(Int8Weight.from_float(self.weight))
+
+
+def _fused_parts(parts: list) -> GGUFWeight | list[torch.Tensor]:
+    """GGUF parts of one fused matrix stay blocks when they share a type; otherwise all become fp32."""
+    if all(isinstance(p, GGUFWeight) for p in parts) and len({(p.gguf_type, p.num_columns) for p in parts}) == 1:
+        return GGUFWeight.cat(parts)
+    return [dequantize_gguf_reference(p.blocks, p.gguf_type, p.num_columns) if isinstance(p, GGUFWeight) else p
+            for p in parts]
+
+
+class ColumnParallelLinear(QuantizableLinear):
     """y = x W^T with W's output rows split: every fused part (q|k|v, gate|up) gives each rank an
     equal slice of its rows, so a rank's output is its slice of y and needs no communication."""
 
@@ -57,16 +89,21 @@ class ColumnParallelLinear(nn.Module):
     def _shard(self, parts: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat([full.narrow(0, self.shard_start(i), self.output_sizes[i]) for i, full in enumerate(parts)])
 
-    def load(self, weights: list[torch.Tensor], biases: list[torch.Tensor] | None = None) -> None:
-        """Full (unsharded) weights of each fused part, in order; this rank keeps its rows."""
-        self.weight.data.copy_(self._shard(weights))
+    def load(self, weights: list[torch.Tensor | GGUFWeight], biases: list[torch.Tensor] | None = None) -> None:
+        """Full (unsharded) weights of each fused part, in order; this rank keeps its rows. GGUF
+        blocks of one type are kept as stored."""
+        fused = _fused_parts(weights)
+        if isinstance(fused, GGUFWeight):
+            self._set_quantized(fused)
+        else:
+            self.weight.data.copy_(self._shard(fused))
         if self.bias is not None:
             if biases is None:
                 raise ValueError("checkpoint has no bias for a layer that takes one")
             self.bias.data.copy_(self._shard(biases))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.matrix, self.bias)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -89,7 +126,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         return self.tp.rank // self.num_kv_head_replicas * self.output_sizes[part]
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(QuantizableLinear):
     """y = x W^T with W's input columns split: each rank multiplies its slice of x (the sharded
     output of a ColumnParallelLinear) by its columns, and an all-reduce sums the partial products."""
 
@@ -99,14 +136,17 @@ class RowParallelLinear(nn.Module):
         self.input_size = input_size // tp.world_size  # this rank's
         self.weight = _weight(output_size, self.input_size, dtype=dtype)  # (output_size, input_size / N)
 
-    def load(self, weight: torch.Tensor) -> None:
-        self.weight.data.copy_(weight.narrow(1, self.tp.rank * self.input_size, self.input_size))
+    def load(self, weight: torch.Tensor | GGUFWeight) -> None:
+        if isinstance(weight, GGUFWeight):
+            self._set_quantized(weight)
+        else:
+            self.weight.data.copy_(weight.narrow(1, self.tp.rank * self.input_size, self.input_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(linear(x, self.weight))
+        return self.tp.all_reduce(linear(x, self.matrix))
 
 
-class VocabParallelEmbedding(nn.Module):
+class VocabParallelEmbedding(QuantizableLinear):
     """Embedding rows split by vocabulary: rank r holds token ids [r * n, (r + 1) * n) with
     n = ceil(vocab_size / N), the last rank's tail padded with zeros. A lookup zeroes the ids other
     ranks hold, and the all-reduce fills them in."""
@@ -120,12 +160,17 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_end = min(self.vocab_start + self.num_embeddings, vocab_size)
         self.weight = _weight(self.num_embeddings, hidden_size, dtype=dtype)  # (vocab_size / N, hidden)
 
-    def load(self, weight: torch.Tensor) -> None:
+    def load(self, weight: torch.Tensor | GGUFWeight) -> None:
+        if isinstance(weight, GGUFWeight):
+            self._set_quantized(weight)
+            return
         rows = weight[self.vocab_start:self.vocab_end]
         self.weight.data[len(rows):].zero_()
         self.weight.data[:len(rows)].copy_(rows)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.quantized, GGUFWeight):
+            return self.quantized.rows(input_ids)
         if self.tp.world_size == 1:
             return F.embedding(input_ids, self.weight)
         elsewhere = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
@@ -141,9 +186,14 @@ class ParallelLMHead(VocabParallelEmbedding):
     def tie_weights(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
 
+    def tie_quantized(self, embedding: VocabParallelEmbedding) -> None:
+        """A tied head reads the embedding's GGUF blocks (after both loaded)."""
+        if embedding.quantized is not None:
+            self.quantized, self.weight = embedding.quantized, embedding.weight
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Full-vocabulary logits (num_rows, vocab_size) on the first rank, None on the others."""
-        logits = linear(hidden, self.weight)
+        logits = linear(hidden, self.matrix)
         if self.tp.world_size == 1:
             return logits
         logits = self.tp.gather_last_dim(logits)

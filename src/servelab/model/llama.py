@@ -19,6 +19,9 @@ from servelab.kernels import cpu_ops
 from servelab.model.attention import AttentionMetadata, paged_attention, prefill_attention, write_kv
 from servelab.model.layers import (ColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RowParallelLinear,
                                    VocabParallelEmbedding, compute_dtype)
+from servelab.model.quantization import QUANTIZATION_METHODS, GGUFWeight
+
+BF16 = 30  # ggml's type id, which DecodeRunner takes for bf16 matrices
 from servelab.specs import ModelSpec
 
 
@@ -141,11 +144,14 @@ class DecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelSpec, dtype: torch.dtype, max_positions: int,
-                 tp: TensorParallelGroup = SINGLE_RANK) -> None:
+                 tp: TensorParallelGroup = SINGLE_RANK, quantization: str | None = None) -> None:
         super().__init__()
+        if quantization not in (None, *QUANTIZATION_METHODS):
+            raise ValueError(f"unknown quantization {quantization!r}; choose one of {', '.join(QUANTIZATION_METHODS)}")
         self.config = config
         self.dtype = dtype
         self.tp = tp
+        self.quantization = quantization
         self.embedding = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp, dtype)
         self.layers = nn.ModuleList(DecoderLayer(config, dtype, tp) for _ in range(config.num_hidden_layers))
         self.norm = nn.Parameter(torch.empty(config.hidden_size, dtype=dtype), requires_grad=False)
@@ -203,9 +209,22 @@ class LlamaForCausalLM(nn.Module):
             return self._decode_runner.logits(hidden)
         return self.head.compute_logits(hidden)
 
-    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+    def linear_layers(self) -> list:
+        return [lin for layer in self.layers
+                for lin in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)] + [self.head]
+
+    def weight_bytes(self) -> int:
+        """Bytes of every weight held, each shared tensor once: quantized blocks at their stored size."""
+        tensors = {id(p): p.numel() * p.element_size() for p in self.parameters()}
+        for module in (self.embedding, *self.linear_layers()):
+            if module.quantized is not None:
+                tensors[id(module.quantized)] = module.quantized.nbytes
+        return sum(tensors.values())
+
+    def load_weights(self, state_dict: dict[str, "torch.Tensor | GGUFWeight"]) -> None:
         """Copy Hugging Face-named (full, unsharded) tensors in; each parallel layer keeps this rank's
-        slice, fusing q|k|v and gate|up. Missing or unexpected names raise."""
+        slice, fusing q|k|v and gate|up. GGUF blocks (quantization "gguf") are kept as stored;
+        quantization "int8" quantizes every matrix once loaded. Missing or unexpected names raise."""
         sd = {k.removeprefix("model."): v for k, v in state_dict.items()}  # copy_ casts to self.dtype
         self.embedding.load(sd.pop("embed_tokens.weight"))
         self.norm.data.copy_(sd.pop("norm.weight"))
@@ -227,11 +246,16 @@ class LlamaForCausalLM(nn.Module):
         leftover = [k for k in sd if "rotary_emb" not in k]
         if leftover:
             raise ValueError(f"unexpected weights in checkpoint: {leftover[:5]}")
+        if self.config.tie_word_embeddings:
+            self.head.tie_quantized(self.embedding)
+        if self.quantization == "int8":
+            for linear in self.linear_layers():
+                linear.quantize_int8()
         if self.ops is not None:
             self._fused_norms = [(lay.input_norm.float(), lay.post_attention_norm.float()) for lay in self.layers]
             self._final_norm = self.norm.float()
             # One C++ call per step has no room for all-reduces: the single-process engine only.
-            if self.tp.world_size == 1:
+            if self.tp.world_size == 1 and self.quantization != "int8":
                 self._decode_runner = self._build_decode_runner()
 
     def _build_decode_runner(self):
@@ -243,11 +267,20 @@ class LlamaForCausalLM(nn.Module):
         rows = (cfg.hidden_size, cfg.intermediate_size, self.layers[0].qkv_proj.weight.shape[0], cfg.vocab_size)
         if any(c % 16 for c in columns) or any(r % 4 for r in rows):
             return None
-        runner = self.ops.DecodeRunner(self.embed_tokens, self.lm_head, self._final_norm, self.rope.cos,
-                                       self.rope.sin, cfg.num_attention_heads, cfg.num_key_value_heads,
-                                       cfg.rms_norm_eps)
+        runner = self.ops.DecodeRunner(*_runner_matrix(self.embedding), *_runner_matrix(self.head), self._final_norm,
+                                       self.rope.cos, self.rope.sin, cfg.num_attention_heads,
+                                       cfg.num_key_value_heads, cfg.rms_norm_eps)
         for layer, (input_norm, post_norm) in zip(self.layers, self._fused_norms):
             bias = None if layer.qkv_proj.bias is None else layer.qkv_proj.bias.float()
-            runner.add_layer(input_norm, layer.qkv_proj.weight, bias, layer.o_proj.weight, post_norm,
-                             layer.gate_up_proj.weight, layer.down_proj.weight)
+            (qkv, qkv_type), (o, o_type), (gate_up, gate_up_type), (down, down_type) = (
+                _runner_matrix(lin) for lin in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj))
+            runner.add_layer(input_norm, qkv, bias, o, post_norm, gate_up, down,
+                             [qkv_type, o_type, gate_up_type, down_type])
         return runner
+
+
+def _runner_matrix(linear) -> tuple[torch.Tensor, int]:
+    """A matrix as DecodeRunner takes it: GGUF blocks and their type, or bf16 weights."""
+    if isinstance(linear.quantized, GGUFWeight):
+        return linear.quantized.blocks, linear.quantized.gguf_type
+    return linear.weight, BF16

@@ -1,0 +1,156 @@
+"""Quantized linear weights, chosen with vLLM's --quantization flag.
+
+gguf: the GGUF file's own blocks (Q8_0, Q4_0, Q4_1, Q4_K), kept as stored; servelab's C++ kernel
+      multiplies fp32 activations by them, widening each block in registers (kernels/quant_blocks.h).
+      The PyTorch de-quantizers below are its reference and its fallback where the kernels cannot build.
+int8: W8A8 dynamic: int8 weights with one scale per output channel, activations quantized per token
+      (one scale per row) at each call, int8 x int8 -> int32 through torch._int_mm (oneDNN on CPU).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from servelab.config import QUANTIZATION_METHODS  # noqa: F401  (re-exported for the model)
+
+# ggml type id -> (values per block, bytes per block)
+GGUF_BLOCKS = {2: (32, 18), 3: (32, 20), 8: (32, 34), 12: (256, 144)}
+GGUF_TYPE_NAMES = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K"}
+
+
+def _fp16(blocks: torch.Tensor, start: int) -> torch.Tensor:
+    """The fp16 at byte `start` of every block, as fp32 (..., 1)."""
+    return blocks[..., start:start + 2].contiguous().view(torch.float16).float()
+
+
+def _q4k_scales_mins(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ggml's get_scale_min_k4 for all eight sub-blocks: (..., 12) bytes -> two (..., 8)."""
+    s = scales.to(torch.int32)
+    low_sc, low_m = s[..., 0:4] & 63, s[..., 4:8] & 63
+    high_sc = (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)
+    high_m = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
+    return torch.cat([low_sc, high_sc], -1).float(), torch.cat([low_m, high_m], -1).float()
+
+
+def dequantize_gguf_reference(blocks: torch.Tensor, gguf_type: int, num_columns: int) -> torch.Tensor:
+    """(N, row bytes) uint8 blocks -> (N, num_columns) fp32, as llama.cpp's dequantize_row_* computes them."""
+    values, nbytes = GGUF_BLOCKS[gguf_type]
+    b = blocks.reshape(blocks.shape[0], num_columns // values, nbytes)
+    if gguf_type == 8:  # Q8_0
+        w = _fp16(b, 0) * b[..., 2:].contiguous().view(torch.int8).float()
+    elif gguf_type in (2, 3):  # Q4_0, Q4_1: low nibbles are values 0-15, high nibbles 16-31
+        qs = b[..., 4:] if gguf_type == 3 else b[..., 2:]
+        q = torch.cat([qs & 0xF, qs >> 4], -1).float()
+        w = _fp16(b, 0) * q + (_fp16(b, 2) if gguf_type == 3 else -8 * _fp16(b, 0))
+    else:  # Q4_K: 8 sub-blocks of 32; in each 64-value chunk, low nibbles first, then high nibbles
+        sc, m = _q4k_scales_mins(b[..., 4:16])
+        qs = b[..., 16:].reshape(*b.shape[:2], 4, 1, 32)
+        q = torch.cat([qs & 0xF, qs >> 4], -2).reshape(*b.shape[:2], 8, 32).float()
+        w = _fp16(b, 0).unsqueeze(-1) * sc.unsqueeze(-1) * q - (_fp16(b, 2).unsqueeze(-1) * m.unsqueeze(-1))
+    return w.reshape(blocks.shape[0], num_columns)
+
+
+@dataclass
+class GGUFWeight:
+    """A (num_rows, num_columns) matrix as the GGUF file stores it: num_rows rows of blocks."""
+    blocks: torch.Tensor  # (num_rows, row bytes) uint8
+    gguf_type: int
+    num_columns: int
+
+    def __post_init__(self) -> None:
+        if self.gguf_type not in GGUF_BLOCKS:
+            raise ValueError(f"GGUF type {self.gguf_type} is not supported by --quantization gguf "
+                             f"(supported: {', '.join(GGUF_TYPE_NAMES.values())})")
+        values, nbytes = GGUF_BLOCKS[self.gguf_type]
+        if self.num_columns % values or self.blocks.shape[1] != self.num_columns // values * nbytes:
+            raise ValueError(f"{GGUF_TYPE_NAMES[self.gguf_type]} blocks {tuple(self.blocks.shape)} do not hold "
+                             f"rows of {self.num_columns} values")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.blocks.shape[0], self.num_columns)
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.numel()
+
+    @staticmethod
+    def cat(parts: list["GGUFWeight"]) -> "GGUFWeight":
+        """Rows of several matrices stacked (q|k|v, gate|up): they must share type and width."""
+        if len({(p.gguf_type, p.num_columns) for p in parts}) != 1:
+            names = ", ".join(GGUF_TYPE_NAMES.get(p.gguf_type, str(p.gguf_type)) for p in parts)
+            raise ValueError(f"fused GGUF matrices must share one type and width; got {names}")
+        return GGUFWeight(torch.cat([p.blocks for p in parts]), parts[0].gguf_type, parts[0].num_columns)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """fp32 rows `ids` (an embedding lookup)."""
+        from servelab.kernels import cpu_ops
+
+        ops, picked = cpu_ops(), self.blocks[ids.reshape(-1)]
+        if ops is None:
+            out = dequantize_gguf_reference(picked, self.gguf_type, self.num_columns)
+        else:
+            out = ops.dequantize_gguf(picked, self.gguf_type, self.num_columns)
+        return out.view(*ids.shape, self.num_columns)
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        from servelab.kernels import cpu_ops
+
+        ops, flat = cpu_ops(), x.reshape(-1, x.shape[-1]).float()
+        if ops is None:
+            y = F.linear(flat, dequantize_gguf_reference(self.blocks, self.gguf_type, self.num_columns))
+        else:
+            y = ops.linear_gguf(flat, self.blocks, self.gguf_type)
+        return y.view(*x.shape[:-1], self.blocks.shape[0])
+
+
+@dataclass
+class Int8Weight:
+    """W8A8 dynamic: w ~ qweight * scale[:, None], scale per output channel (symmetric, [-127, 127])."""
+    qweight_t: torch.Tensor  # (num_columns, num_rows) int8, transposed once for _int_mm's (K, N)
+    scale: torch.Tensor  # (num_rows,) fp32
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor) -> "Int8Weight":
+        w = weight.float()
+        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127
+        q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        return cls(q.t().contiguous(), scale)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.qweight_t.shape[1], self.qweight_t.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight_t.numel() + self.scale.numel() * 4
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).float()
+        x_q, x_scale = quantize_per_token(flat)
+        y = int8_matmul(x_q, self.qweight_t).float()
+        y.mul_(x_scale).mul_(self.scale)
+        return y.view(*x.shape[:-1], self.qweight_t.shape[1])
+
+
+def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, K) fp32 -> (M, K) int8 and (M, 1) scales: each row by its own absolute maximum."""
+    scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-8) / 127
+    return torch.round(x / scale).clamp_(-127, 127).to(torch.int8), scale
+
+
+# torch._int_mm wants more than 16 rows on some builds: pad small batches (a decode step of a few sequences).
+INT_MM_MIN_ROWS = 17
+
+
+def int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(M, K) int8 @ (K, N) int8 -> (M, N) int32."""
+    rows = a.shape[0]
+    if rows < INT_MM_MIN_ROWS:
+        a = F.pad(a, (0, 0, 0, INT_MM_MIN_ROWS - rows))
+    return torch._int_mm(a, b)[:rows]
+
+
+QuantizedWeight = GGUFWeight | Int8Weight
