@@ -1,5 +1,5 @@
 """Injected faults against the real gateway process (the stub executor's test-only hook, tests/engine/
-stub_engine.py; no user flag): a failing step ends only the requests in the engine at that step and /health
+stub_engine.py; no user flag): a failing step ends only the requests it ran (queued ones go on) and /health
 says so; a fault the engine cannot survive ends everything with engine_dead, the API process stays up
 answering 503 for --shutdown-grace, then exits 1; SIGTERM under load drains with every request answered; an
 unusable cache folder is one clear line at start."""
@@ -37,6 +37,30 @@ def test_a_failing_step_fails_its_requests_and_health_says_so(start_stub_server)
     assert after.status_code == 200 and after.json()["choices"][0]["text"] == " w1 w2 w3"
     wait_for_metrics(server.url, idle)
     assert server.proc.poll() is None
+
+
+def test_a_failing_step_leaves_the_requests_it_did_not_run(start_stub_server):
+    # One batch slot: "first" runs alone while "faulty" and then "queued" wait in the engine; faulty's own
+    # step fails, and queued (in the engine, not in that step) is served afterwards.
+    server = start_stub_server("--stub-fail-word", "hello", "--stub-max-num-seqs", "1", "--stub-step-delay", "0.05")
+    results: dict[str, httpx.Response] = {}
+
+    def send(name: str, prompt: str, max_tokens: int) -> None:
+        results[name] = httpx.post(f"{server.url}/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens},
+                                   timeout=60)
+
+    threads = [threading.Thread(target=send, args=args) for args in
+               (("first", "hi", 30), ("faulty", "hi hello", 4), ("queued", "hi", 3))]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.3)  # arrival order: first is running before faulty and queued arrive, in that order
+    for thread in threads:
+        thread.join(timeout=60)
+    assert results["first"].status_code == 200
+    assert results["faulty"].status_code == 500 and results["faulty"].json()["error"]["code"] == "engine_step_failed"
+    assert results["queued"].status_code == 200, results["queued"].text
+    assert results["queued"].json()["choices"][0]["text"] == " w1 w2 w3"
+    wait_for_metrics(server.url, idle)
 
 
 def test_a_fault_the_engine_cannot_survive_ends_everything_with_engine_dead(start_stub_server):

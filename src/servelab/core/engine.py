@@ -83,6 +83,7 @@ class EngineCore:
             raise ValueError("decode runs price steps instead of running them: they need a VirtualClock")
         self.decode_runs = DecodeRunPlanner(scheduler) if decode_runs else None
         self.step_fn: Callable[..., StepOutputs] = self.step_with_decode_runs if decode_runs else self.step
+        self.step_request_ids: tuple[str, ...] = ()  # the requests of the step the executor is running
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -113,14 +114,18 @@ class EngineCore:
         """One batch iteration; it starts now, so the step functions' horizon (see
         step_with_decode_runs) does not bound it."""
         self._settle_decode_run()
+        self.step_request_ids = ()
         start = self.clock.now()
         plan = self.scheduler.schedule(start)
         if plan.is_empty and not plan.finished_request_ids:
             return StepOutputs([], None)
+        # Kept until the step is done: when it raises, these are the requests whose step failed.
+        self.step_request_ids = tuple(s.request_id for s in plan.scheduled)
         result = self.executor.execute(plan)
         self.clock.advance(result.duration)
         end = self.clock.now()
         updated = self.scheduler.update_from_output(plan, result, end)
+        self.step_request_ids = ()
         outputs = [r.output(result.sampled.get(r.request_id)) for r in updated]
         return StepOutputs(outputs, self._emit(self._stats(plan, result, start, end)))
 

@@ -77,8 +77,7 @@ class EngineLoop:
             except ExecutorDeadError:
                 raise  # no later step can run: the core stops, and its requests end with engine_dead
             except Exception as exc:
-                logger.exception("engine step failed; failing %d requests", len(self._token_times))
-                self._fail_all(exc, out)
+                self._fail_step(exc, out)
             else:
                 out.step = self._collect(outputs, out)
         out.output_time = time.perf_counter()
@@ -112,16 +111,30 @@ class EngineLoop:
         out.outputs.extend(outputs)
         out.finished.append(_finished_record(request_id, token_times, outputs[-1] if outputs else None, "abort"))
 
-    def _fail_all(self, exc: Exception, out: EngineStepOutputs) -> None:
+    def _fail_step(self, exc: Exception, out: EngineStepOutputs) -> None:
+        """A step raised: fail the requests it ran, and keep the others if the engine is still consistent
+        without them (check_invariants); else fail every request of this core. The step's requests may
+        have half-written KV, so they are not retried."""
+        # A step that failed before it had a plan (in the scheduler) cannot say whose it was: fail them all.
+        failed = [r for r in self.engine.failed_step_request_ids() if r in self._token_times] or list(self._token_times)
+        logger.exception("engine step failed; failing its %d requests", len(failed))
+        self._fail(failed, exc, out)
+        try:
+            self.engine.check_invariants()
+        except Exception:
+            logger.exception("the engine is inconsistent after a failed step; failing all %d requests",
+                             len(self._token_times))
+            self._fail(list(self._token_times), exc, out)
+
+    def _fail(self, request_ids: list[str], exc: Exception, out: EngineStepOutputs) -> None:
         message = f"the engine step failed: {type(exc).__name__}: {exc}"
-        for request_id, token_times in list(self._token_times.items()):
-            del self._token_times[request_id]
+        for request_id in request_ids:
+            token_times = self._token_times.pop(request_id)
             self.engine.abort_request(request_id)
             out.errors.append(RequestError(request_id, message))
             out.finished.append(_finished_record(request_id, token_times, None, "error"))
-        if self.engine.has_unfinished_requests():
+        if not self._token_times and self.engine.has_unfinished_requests():
             raise RuntimeError("requests the loop does not know of are left in the engine") from exc
-        self.engine.check_invariants()
 
     def _collect(self, outputs: list[RequestOutput], out: EngineStepOutputs) -> StepSample | None:
         now = time.perf_counter()

@@ -219,6 +219,10 @@ class LLMEngine:
                 self.release_kv(request_id)
         return processed.request_outputs
 
+    def failed_step_request_ids(self) -> tuple[str, ...]:
+        """After step() raised: the requests of the step that failed (the others were not touched)."""
+        return self.core.step_request_ids
+
     def get_state(self) -> EngineState:
         scheduler, blocks = self._scheduler, self._block_manager
         return EngineState(scheduler.num_running, scheduler.num_waiting, blocks.usage, blocks.num_blocks,

@@ -8,7 +8,8 @@ request's RequestStream; metrics leave as plain-number EngineEvents through `on_
 
 Cancellation contract: `abort(request_id)` takes effect before the core's next step, and the request's
 KV blocks are back in the pool when its final ("abort") output is delivered. A step that raises fails
-every request of that core with EngineStepError; the core keeps serving. A core that dies (crash,
+the requests that step ran with EngineStepError (every request of that core when its KV bookkeeping no
+longer checks out); the core keeps serving. A core that dies (crash,
 kill -9, OOM) fails every request in flight with EngineDeadError and refuses new ones; `dead` is set so
 the server can exit and be restarted.
 

@@ -100,6 +100,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     gc.collect()
     overhead = measure_serving_overhead(engine_args, fitted_cost_model(fit, spec, config.dtype), progress=log)
     profile = build_profile(config, num_blocks, spec, samples, fit, overhead)
+    # how it was measured, so `lab validate` can measure it again the same way
+    profile = replace(profile, fit={**profile.fit, "quick": bool(args.quick), "repeats": args.repeats})
     kv = measure_kv_transfer_of(spec, config.dtype, config.cache.block_size, args.repeats, log)
     profile = replace(profile, kv_transfer=kv)
     profile = replace(profile, efficiency=replace(profile.efficiency, all_reduce=measure_all_reduce(progress=log)))

@@ -145,11 +145,17 @@ def table_rows(comparisons: list[dict]) -> list[dict]:
     return rows
 
 
-def refresh_profile(args: argparse.Namespace) -> None:
-    """`servelab lab profile` for the model under test, in its own process (it builds its own engine)."""
-    command = [sys.executable, "-m", "servelab.entrypoints.cli", "lab", "profile"]
+def refresh_profile(args: argparse.Namespace, profile, spec) -> None:
+    """`servelab lab profile` for the model under test, in its own process (it builds its own engine),
+    with the engine settings the current profile was measured with (its KV pool included)."""
+    command = [sys.executable, "-m", "servelab.entrypoints.cli", "lab", "profile",
+               *shlex.split(profile_server_args(profile, spec)), "--max-num-seqs", str(profile.max_num_seqs)]
     if args.model:
         command += ["--model", args.model]
+    if profile.fit.get("quick"):
+        command += ["--quick"]
+    if "repeats" in profile.fit:
+        command += ["--repeats", str(profile.fit["repeats"])]
     subprocess.run(command, check=True, stdout=sys.stderr)
 
 
@@ -179,12 +185,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     reals = {stage: [] for stage in stages}
     simulations = {stage: [] for stage in stages}
     profile_fits = []
+    profile = load_cpu_profile()
     with tempfile.TemporaryDirectory(prefix="servelab-validate-") as log_dir:
         for repeat in range(args.repeats):
             # progress lines go to stderr when stdout carries the JSON
             with contextlib.redirect_stdout(sys.stderr if args.json else sys.stdout):
                 if repeat and args.refresh_profile:
-                    refresh_profile(args)
+                    refresh_profile(args, profile, spec)
                 profile = load_cpu_profile()
                 profile.check_model(spec)
                 profile_fits.append({k: v for k, v in profile.fit.items() if k != "steps"})

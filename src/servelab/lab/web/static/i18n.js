@@ -68,6 +68,14 @@ window.LabI18n = (() => {
   // tn("fmt.replicas", 3): the key's ".one" form for 1, ".other" otherwise (Chinese has the same text in both).
   const tn = (key, n, params = {}) => t(`${key}.${n === 1 ? "one" : "other"}`, { n: num(n), ...params });
 
+  // A span showing key's text that apply() translates again when the language changes.
+  function keyed(key) {
+    const span = document.createElement("span");
+    span.dataset.i18n = key;
+    span.textContent = t(key);
+    return span;
+  }
+
   function apply(root = document) {
     root.querySelectorAll("[data-i18n]").forEach((el) => { el.textContent = t(el.dataset.i18n); });
     // our own files' markup (<strong>, <code>, links), never text from a request
@@ -143,6 +151,7 @@ window.LabI18n = (() => {
     t, tn, has, apply, setLanguage, missing,
     lang: () => lang,
     onChange: (listener) => listeners.push(listener),
+    keyed,
     api: (path) => `${path}${path.includes("?") ? "&" : "?"}lang=${lang}`,
     fmt: { num, pct, gib, ms },
   };

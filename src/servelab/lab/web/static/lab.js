@@ -223,7 +223,7 @@
         method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
       });
       if (response.status === 429) {
-        statusEl.textContent = t("status.waiting");
+        statusEl.replaceChildren(window.LabI18n.keyed("status.waiting"));  // re-translated on a switch while it waits
         await sleep(1000 * Number(response.headers.get("Retry-After") || 1));
         continue;
       }
