@@ -29,7 +29,7 @@ from soak_harness import check_request_log, rss_bytes, run_soak  # noqa: E402
 from stub_process import StubServerProcess  # noqa: E402
 
 SERVER_FLAGS = ("--stub-num-blocks", "1024", "--stub-max-num-seqs", "32", "--stub-fail-word", "hello",
-                "--request-timeout", "2", "--log-level", "info")
+                "--request-timeout", "2", "--stub-step-delay", "0.002", "--log-level", "info")
 RSS_GROWTH_BOUND_MIB = 16
 
 

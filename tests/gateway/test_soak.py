@@ -16,7 +16,7 @@ CONCURRENCY = 48
 # Python-level leak of ~100 KiB a request (keeping every step plan was one); benchmarks/soak.py keeps 16 MiB.
 RSS_GROWTH_BOUND = 96 * 1024 * 1024
 SOAK_FLAGS = ("--stub-num-blocks", "1024", "--stub-max-num-seqs", "32", "--stub-fail-word", "hello",
-              "--request-timeout", "2")
+              "--request-timeout", "2", "--stub-step-delay", "0.002")  # 1,900 steps take >= 3.8 s: past the timeout
 
 
 def idle(values: dict) -> bool:
