@@ -4,16 +4,14 @@ event naming the rank, /health reports 503, and the server exits 1 after --shutd
 process it started gone."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import random
 import re
 import signal
 
 import httpx
 import pytest
-from server_helpers import TINY_ENGINE_FLAGS, children, parse_sse, wait_for_metrics, wait_gone
+from server_helpers import flood_with_disconnects, TINY_ENGINE_FLAGS, children, parse_sse, wait_for_metrics, wait_gone
 
 GRACE_S = 5.0
 
@@ -33,24 +31,7 @@ def tp2(start_server, tiny_llama_dir):
 
 def test_tp2_flood_with_random_disconnects_frees_every_block(tp2):
     assert len(rank_pids(tp2)) == 2
-    rng = random.Random(1)
-    leave_after = [rng.choice([1, 2, 5, None]) for _ in range(24)]
-
-    async def one(http: httpx.AsyncClient, i: int) -> None:
-        body = {"prompt": f"Flood {i} goes", "max_tokens": 30, "ignore_eos": True, "stream": True}
-        async with http.stream("POST", f"{tp2.url}/v1/completions", json=body) as response:
-            assert response.status_code == 200
-            seen = 0
-            async for line in response.aiter_lines():
-                seen += line.startswith("data: ")
-                if seen == leave_after[i]:
-                    return  # the client goes away mid-stream
-
-    async def flood():
-        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=24)) as http:
-            await asyncio.gather(*(one(http, i) for i in range(24)))
-
-    asyncio.run(flood())
+    leave_after = flood_with_disconnects(tp2.url, 24, seed=1, max_tokens=30)
 
     def idle(v: dict) -> bool:
         return all(v[f"servelab:{name}"] == 0

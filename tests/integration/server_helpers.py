@@ -151,3 +151,31 @@ def wait_for_metrics(url: str, predicate, timeout: float = 15.0, headers: dict |
         values = metric_values(url, headers)
     assert predicate(values), {k: v for k, v in values.items() if "bucket" not in k}
     return values
+
+
+def flood_with_disconnects(url: str, num_requests: int, seed: int, max_tokens: int,
+                           prompt=lambda i: f"Flood {i} goes") -> list[int | None]:
+    """num_requests streams at once, each client leaving after 1, 2 or 5 data events or reading to the end
+    (seeded); returns when every client is done, with the events each was to read before leaving."""
+    import asyncio
+    import random
+
+    rng = random.Random(seed)
+    leave_after = [rng.choice([1, 2, 5, None]) for _ in range(num_requests)]
+
+    async def one(http: httpx.AsyncClient, i: int) -> None:
+        body = {"prompt": prompt(i), "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        async with http.stream("POST", f"{url}/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            seen = 0
+            async for line in response.aiter_lines():
+                seen += line.startswith("data: ")
+                if seen == leave_after[i]:
+                    return  # the client goes away mid-stream
+
+    async def flood():
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=num_requests)) as http:
+            await asyncio.gather(*(one(http, i) for i in range(num_requests)))
+
+    asyncio.run(flood())
+    return leave_after

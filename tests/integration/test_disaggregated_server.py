@@ -8,14 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import re
 import signal
 
 import httpx
 import pytest
 
-from server_helpers import TINY_ENGINE_FLAGS, children, metric_values, parse_sse, wait_for_metrics, wait_gone
+from server_helpers import flood_with_disconnects, TINY_ENGINE_FLAGS, children, parse_sse, wait_for_metrics, wait_gone
 
 GRACE_S = 5.0
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
@@ -81,24 +80,8 @@ def pd12(start_server, tiny_llama_dir):
 
 
 def test_flood_with_random_disconnects_leaves_no_block_used_on_any_instance(pd12):
-    rng = random.Random(0)
-    leave_after = [rng.choice([1, 2, 5, None]) for _ in range(32)]
-
-    async def one(http: httpx.AsyncClient, i: int) -> None:
-        body = {"prompt": f"Flood {i} goes " * (1 + i % 6), "max_tokens": 40, "ignore_eos": True, "stream": True}
-        async with http.stream("POST", f"{pd12.url}/v1/completions", json=body) as response:
-            assert response.status_code == 200
-            seen = 0
-            async for line in response.aiter_lines():
-                seen += line.startswith("data: ")
-                if seen == leave_after[i]:
-                    return  # the client goes away mid-stream
-
-    async def flood():
-        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=32)) as http:
-            await asyncio.gather(*(one(http, i) for i in range(32)))
-
-    asyncio.run(flood())
+    leave_after = flood_with_disconnects(pd12.url, 32, seed=0, max_tokens=40,
+                                         prompt=lambda i: f"Flood {i} goes " * (1 + i % 6))
     values = wait_for_metrics(pd12.url, idle_everywhere(3))
     for i in (0, 1, 2):
         assert values[f"servelab:kv_cache_num_free_blocks{{engine={i}}}"] == \

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import re
 import signal
 
@@ -17,7 +16,7 @@ import httpx
 import pytest
 
 from servelab import LLM, SamplingParams
-from server_helpers import TINY_ENGINE_FLAGS, children, metric_values, parse_sse, wait_for_metrics, wait_gone
+from server_helpers import flood_with_disconnects, TINY_ENGINE_FLAGS, children, metric_values, parse_sse, wait_for_metrics, wait_gone
 
 GRACE_S = 5.0
 PROMPTS = [f"Request {i} is about" for i in range(8)]
@@ -66,24 +65,7 @@ def test_dp2_spreads_requests_with_the_same_greedy_outputs(dp2, tiny_llama_dir):
 
 
 def test_dp2_flood_with_random_disconnects_frees_every_block(dp2):
-    rng = random.Random(0)
-    leave_after = [rng.choice([1, 2, 5, None]) for _ in range(32)]
-
-    async def one(http: httpx.AsyncClient, i: int) -> None:
-        body = {"prompt": f"Flood {i} goes", "max_tokens": 40, "ignore_eos": True, "stream": True}
-        async with http.stream("POST", f"{dp2.url}/v1/completions", json=body) as response:
-            assert response.status_code == 200
-            seen = 0
-            async for line in response.aiter_lines():
-                seen += line.startswith("data: ")
-                if seen == leave_after[i]:
-                    return  # the client goes away mid-stream
-
-    async def flood():
-        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=32)) as http:
-            await asyncio.gather(*(one(http, i) for i in range(32)))
-
-    asyncio.run(flood())
+    leave_after = flood_with_disconnects(dp2.url, 32, seed=0, max_tokens=40)
 
     def idle(v: dict) -> bool:
         return all(v[f"servelab:{name}{{engine={i}}}"] == 0 for i in (0, 1)
