@@ -1,6 +1,7 @@
 """The live process layout under `servelab serve -tp 2` (tiny model): /lab/api/live/layout lists the API server,
 the engine core (colocated) and its 2 tensor-parallel ranks with the pids the engine logged, and the lab page
-draws one box per rank; a `servelab lab web` page (no engine) has neither."""
+draws one box per rank, and its "draw this server" button gives the architecture diagram that shape; a
+`servelab lab web` page (no engine) has neither."""
 from __future__ import annotations
 
 import re
@@ -52,3 +53,24 @@ def test_page_draws_one_box_per_rank(tp2_server, open_lab):
 
 def test_lab_web_has_no_layout(lab_web):
     assert httpx.get(f"{lab_web.url}/lab/api/live/layout", timeout=10).status_code == 404
+
+
+def test_draw_this_server_puts_its_process_layout_in_the_diagram(tp2_server, open_lab):
+    page = open_lab(tp2_server.url)
+    page.wait_for_function("() => Number(document.getElementById('live-layout').dataset.updates || 0) >= 1",
+                           timeout=TIMEOUT_MS)
+    assert page.get_attribute("#architecture", "data-stage") != "4"
+    assert page.is_hidden("#diagram-live-note")
+    page.click("#diagram-live")
+    page.wait_for_function("() => document.getElementById('architecture').dataset.live === 'true'",
+                           timeout=TIMEOUT_MS)
+    assert page.get_attribute("#architecture", "data-stage") == "4"
+    assert (page.input_value("#in-tp"), page.input_value("#in-gpus")) == ("2", "2")
+    assert page.is_checked("#sw-tp") and not page.is_checked("#sw-pd")
+    assert page.inner_text("#diagram-live-note") == (
+        "Drawn from this server's processes: 1 engine core, each over TP 2 ranks (see the live panel's process layout).")
+    assert page.locator("#box-shards").get_attribute("data-state") == "active"
+    page.click("label.switch:has(#sw-tp)")  # the inputs leave the server's shape: the note goes
+    page.wait_for_function("() => document.getElementById('architecture').dataset.live === 'false'",
+                           timeout=TIMEOUT_MS)
+    assert page.is_hidden("#diagram-live-note")

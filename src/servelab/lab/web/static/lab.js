@@ -448,6 +448,7 @@
         e2e: ms(x.median_e2el_ms), completed: num(x.completed), duration: num(x.duration, 1) });
     }
     renderDiagram(body, r);
+    renderLiveNote(body);
     renderStageCards(body);
   }
 
@@ -693,9 +694,39 @@
   }
 
   // ---- the live engine (only when `servelab serve` serves this page)
+  // The diagram takes the running server's shape (-tp, --disaggregate, engine cores) so that its boxes are the
+  // processes the live panel lists; the workload inputs stay as they are.
+  function drawThisServer() {
+    const shape = window.LabLayout.shape();
+    if (!shape) return;
+    state.liveShape = shape;
+    setInputs({ ...buildBody(), tp: shape.tp, num_gpus: shape.engines * shape.tp, schedule: "continuous",
+      disaggregate: shape.disaggregate });
+    scheduleRun(0);
+  }
+
+  function renderLiveNote(body) {
+    const note = $("diagram-live-note");
+    const s = state.liveShape;
+    const matches = Boolean(s) && body.tp === s.tp && body.num_gpus === s.engines * s.tp
+      && (body.disaggregate ?? null) === s.disaggregate;
+    note.hidden = !matches;
+    $("architecture").dataset.live = String(matches);
+    if (matches) {
+      note.textContent = s.disaggregate
+        ? t("arch.live_note_pd", { split: s.disaggregate, tp: s.tp })
+        : t("arch.live_note", { engines: tn("fmt.engine_cores", s.engines), tp: s.tp });
+    }
+  }
+
   function startLive(info) {
     $("live").hidden = false;
-    if (info.layout) window.LabLayout.start(info.layout);
+    if (info.layout) {
+      window.LabLayout.start(info.layout);
+      const draw = $("diagram-live");
+      draw.hidden = false;
+      draw.addEventListener("click", drawThisServer);
+    }
     const badge = $("engine-badge");
     badge.dataset.i18n = "badge.live";
     badge.textContent = t("badge.live");

@@ -77,5 +77,16 @@ window.LabLayout = (() => {
     window.LabI18n.onChange(() => render(last));
   }
 
-  return { start };
+  // The deployment shape of the processes drawn last, in the lab's terms: TP degree, engine cores, and the
+  // prefill:decode split when the server runs --disaggregate; null before the first answer.
+  function shape() {
+    if (!last) return null;
+    const count = (role) => last.engines.filter((e) => e.role === role).length;
+    const prefill = count("prefill");
+    const decode = count("decode");
+    return { tp: last.tensor_parallel_size, engines: last.engines.length,
+      disaggregate: prefill && decode ? `${prefill}:${decode}` : null };
+  }
+
+  return { start, shape };
 })();
