@@ -10,7 +10,8 @@ from fake_openai_server import FakeOpenAIServer, Plan
 
 from servelab.bench.peers import llama_cpp_build as build
 from servelab.bench.peers import llama_cpp_runs as runs_mod
-from servelab.bench.peers.command import add_roofline_shares, build_workloads, parse_only, result_name
+from servelab.bench.peers.command import (add_roofline_shares, build_workloads, parse_only, parse_quantization,
+                                          result_name)
 from servelab.bench.peers.runs import online_run
 from servelab.bench.peers.report import parse_lscpu, table_rows, write_peers
 from servelab.bench.peers.roofline import (gemm_seconds, int8_gemm_seconds, linear_shapes, measure_roofline,
@@ -139,6 +140,9 @@ def test_flags_parse():
     with pytest.raises(ValueError, match="--only"):
         parse_only("servelab,vllm")
     assert result_name("smoke") == "peers-smoke" and result_name("peers-x") == "peers-x"
+    assert parse_quantization("none, int8,gguf") == [None, "int8", "gguf"]
+    with pytest.raises(ValueError, match="--quantization takes .* from none, gguf, int8, got 'awq'"):
+        parse_quantization("awq")
 
 
 def _fake_result() -> dict:

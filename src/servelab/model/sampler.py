@@ -141,7 +141,7 @@ class Sampler:
         return self._with_logprobs(logits, token_ids, params, logprob_rows)
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], random_rows: list[int]) -> torch.Tensor:
-        device, vocab_size = logits.device, logits.shape[1]
+        device = logits.device
         params = [rows[i].params for i in random_rows]
         x = _take(logits, _index(random_rows, logits.shape[0], device))
         probs = (x / torch.tensor([p.temperature for p in params], device=device).unsqueeze(1)).softmax(dim=-1)

@@ -9,7 +9,7 @@ Workloads (every request ignore_eos, greedy, token-id prompts):
   decode   one stream, 64 tokens: llama-bench tg64 vs servelab at batch 1 -> tokens/s
 llama-server runs the default model's own GGUF (Q4_1) and a Q8_0 re-quantization, 16 and 64 slots,
 -fa on, a context that holds every slot, threads = cores; servelab runs `servelab serve` with its
-defaults. Every (server, workload) pair gets a fresh server, and random prompts share no prefix, so no prompt is
+defaults and with each --quantization mode asked for. Every (server, workload) pair gets a fresh server, and random prompts share no prefix, so no prompt is
 served from a cache (beyond the first request's hit on the client's probe).
 """
 from __future__ import annotations
@@ -41,6 +41,9 @@ def add_parser(sub) -> None:
     p.add_argument("--build-jobs", type=int, default=None, help="parallel compile jobs (default: cores, at most 8)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of every peer (llama.cpp -t/-tb, "
                    "servelab --num-threads, torch for HF and the roofline); default: every core")
+    p.add_argument("--quantization", default="none,gguf,int8",
+                   help="servelab's --quantization modes to run, comma-separated from none,gguf,int8 "
+                        "(none: servelab serve's defaults)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-timeout", type=float, default=600.0, help="seconds a server may take to start")
     p.add_argument("--disable-tqdm", action="store_true")
@@ -55,6 +58,17 @@ def parse_only(text: str) -> list[str]:
     if not peers or unknown:
         raise ValueError(f"--only takes a comma-separated list from {', '.join(PEERS)}, got {text!r}")
     return peers
+
+
+def parse_quantization(text: str) -> list[str | None]:
+    from servelab.config import QUANTIZATION_METHODS
+
+    modes = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [m for m in modes if m != "none" and m not in QUANTIZATION_METHODS]
+    if not modes or unknown:
+        raise ValueError(f"--quantization takes a comma-separated list from none, {', '.join(QUANTIZATION_METHODS)}, "
+                         f"got {text!r}")
+    return [None if m == "none" else m for m in modes]
 
 
 def result_name(name: str | None) -> str:
@@ -100,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     peers = parse_only(args.only)
+    quantizations = parse_quantization(args.quantization)
     name = result_name(args.name)
     tools = llama_cpp_tools(args) if "llama.cpp" in peers else None  # build first: a failed build fails fast
     tokenizer = load_tokenizer(None)
@@ -120,8 +135,9 @@ def run(args: argparse.Namespace) -> int:
             llama_runs, llama_info = run_llama_cpp(args, tools, work, tokenizer, Path(log_dir), threads)
             runs += llama_runs
         if "servelab" in peers:
-            runs += run_servelab_online(args, work, tokenizer, Path(log_dir))
-            runs += run_servelab_offline(args, work)
+            for quantization in quantizations:
+                runs += run_servelab_online(args, work, tokenizer, Path(log_dir), quantization)
+                runs += run_servelab_offline(args, work, quantization)
     if "hf" in peers:
         runs += run_hf(work, tokenizer)
     order = ("burst", "poisson", "offline", "decode")

@@ -59,7 +59,11 @@ def run_llama_cpp(args, tools, work: Workloads, tokenizer, log_dir: Path, thread
                   "slot_context": slot_ctx}
 
 
-def run_servelab_online(args, work: Workloads, tokenizer, log_dir: Path) -> list[dict]:
+def quantization_label(quantization: str | None) -> str:
+    return "default flags" if quantization is None else f"--quantization {quantization}"
+
+
+def run_servelab_online(args, work: Workloads, tokenizer, log_dir: Path, quantization: str | None) -> list[dict]:
     from servelab.bench.loadgen import first_model_id
     from servelab.bench.stages import ServelabServer
 
@@ -67,12 +71,16 @@ def run_servelab_online(args, work: Workloads, tokenizer, log_dir: Path) -> list
     flags = ["--log-level", "warning"]  # otherwise servelab serve's defaults
     if args.threads:
         flags += ["--num-threads", str(args.threads)]
+    if quantization is not None:
+        flags += ["--quantization", quantization]
     for kind in ("burst", "poisson"):
         print(f"servelab {kind}: servelab serve {shlex.join(flags)}", flush=True)
-        with ServelabServer(None, flags, log_dir / f"servelab-{kind}.log", args.server_timeout) as server:
+        log = log_dir / f"servelab-{quantization or 'none'}-{kind}.log"
+        with ServelabServer(None, flags, log, args.server_timeout) as server:
             model_id = asyncio.run(first_model_id(server.url))
-            runs.append({**online_run(kind, work.labels[kind], "servelab", "servelab", "serve, default flags",
-                                      server.url, model_id, getattr(work, kind), tokenizer, not args.disable_tqdm),
+            runs.append({**online_run(kind, work.labels[kind], "servelab", "servelab",
+                                      f"serve, {quantization_label(quantization)}", server.url, model_id,
+                                      getattr(work, kind), tokenizer, not args.disable_tqdm),
                          "server_flags": flags})
     return runs
 
@@ -109,19 +117,20 @@ def generate_offline(engine, requests: list[BenchRequest], prefix: str) -> float
     return time.perf_counter() - start
 
 
-def run_servelab_offline(args, work: Workloads) -> list[dict]:
+def run_servelab_offline(args, work: Workloads, quantization: str | None) -> list[dict]:
     from servelab.engine.llm_engine import LLMEngine
     from servelab.engine_args import EngineArgs
 
-    engine = LLMEngine.from_engine_args(EngineArgs(num_threads=args.threads))  # LLM()'s defaults
-    dtype = engine.config.dtype
+    # LLM()'s defaults
+    engine = LLMEngine.from_engine_args(EngineArgs(num_threads=args.threads, quantization=quantization))
+    dtype = engine.config.dtype if quantization is None else f"{engine.config.dtype}, --quantization {quantization}"
     generate_offline(engine, [dataclasses.replace(r, output_len=4) for r in work.offline[:2]], "peers-warmup")
     elapsed = generate_offline(engine, work.offline, "peers-offline")
     offline = {"workload": work.labels["offline"], "kind": "offline", "peer": "servelab", "engine": "servelab",
                "config": f"offline engine, {dtype}", "output_throughput": sum(r.output_len for r in work.offline)
                / elapsed, "duration": elapsed, "completed": len(work.offline), "failed": 0, "dtype": str(dtype)}
     tps = servelab_decode(engine, work.decode_tokens, 1 if args.quick else 3)
-    weight_bytes = sum(p.numel() * p.element_size() for p in engine.executor.model.parameters())
+    weight_bytes = engine.executor.weight_bytes  # the stored size: quantized blocks count as stored
     decode = {"workload": work.labels["decode"], "kind": "decode", "peer": "servelab", "engine": "servelab",
               "config": f"batch 1, {dtype}", "output_throughput": tps, "weight_bytes": weight_bytes, "dtype": str(dtype)}
     del engine
