@@ -127,3 +127,26 @@ def test_puts_from_another_thread_wake_the_loop_and_an_error_is_raised_in_order(
     items = asyncio.run(main())
     assert [item.output_time for item in items] == [float(s) for s in range(100)]
     assert len(items[-1].outputs[0].outputs[0].token_ids) == 100  # the latest snapshot always arrives
+
+
+def test_a_wake_up_for_an_item_already_taken_does_not_spin_the_loop():
+    result = {}
+
+    def run():
+        async def main():
+            mailbox = StepOutputMailbox(asyncio.get_running_loop())
+            mailbox.put(step_item(0, snapshot("a", 1)))  # schedules a wake-up
+            await mailbox.get()  # takes the item before the wake-up ran
+            await asyncio.sleep(0)  # the wake-up runs now, with nothing waiting
+            try:
+                await asyncio.wait_for(mailbox.get(), 0.2)
+            except asyncio.TimeoutError:
+                result["waited"] = True
+
+        asyncio.run(main())
+
+    # a get() that spins never yields to the loop, so wait_for cannot end it: watched from this thread
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert result == {"waited": True}

@@ -79,12 +79,13 @@ class StepOutputMailbox:
                 if self._items:
                     item = self._items.popleft()
                     if not self._items:
-                        self._ready.clear()
                         self._droppable.clear()
                         self._with_tokens.clear()
                     elif isinstance(item, EngineStepOutputs):
                         self._forget(item)
                     break
+                # a wake-up scheduled for an item get() took already may still come: wait past it
+                self._ready.clear()
             await self._ready.wait()
         if isinstance(item, BaseException):
             raise item
