@@ -2,8 +2,8 @@
 
 The engine thread can run ahead of the event loop (a busy loop serving many clients): every step it puts
 one EngineStepOutputs, and each carries a cumulative snapshot of every running request (all its token ids,
-logprobs and text so far). Queued as they come, a loop that lags holds lag x requests x length of them;
-that peak is what the soak saw as RSS growth (the allocator keeps the pages after it). The consumer keeps
+logprobs and text so far). Queued as they come, a loop that lags holds lag x requests x length of them, a
+peak whose pages the allocator keeps afterwards (RSS that grows with the worst lag seen). The consumer keeps
 only a request's latest snapshot anyway (RequestStream), so here a snapshot still waiting for the loop is
 dropped when a newer one of the same request arrives. Kept: finished snapshots, and a request's earliest
 waiting snapshot with tokens (its time may be the first token's). So at most two snapshots per request wait,
