@@ -214,9 +214,12 @@ def check_request_log(log_lines: list[dict], report: SoakReport) -> dict[str, in
                                       if i in per_id and str(per_id[i][0]["status"]) != o.split(":")[0])}
 
 
-def rss_bytes(pid: int) -> int:
+def rss_bytes(pid: int, kind: str = "VmRSS") -> int:
+    """kind "VmRSS" (all resident pages) or "RssAnon" (its private anonymous part: where a leak grows; the
+    file-backed rest, shared libraries mostly, is dropped and read again by the kernel under memory pressure
+    from other jobs, which moves VmRSS by tens of MiB on a shared machine without a byte leaked)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(kind + ":"):
                 return int(line.split()[1]) * 1024
-    raise ValueError(f"no VmRSS for pid {pid}")
+    raise ValueError(f"no {kind} for pid {pid}")

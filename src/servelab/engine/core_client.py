@@ -4,7 +4,9 @@
   socket, outputs come back on a PULL socket read by an asyncio task (zmq.asyncio), so model steps never
   hold the API server's GIL. The process is watched: when it exits unasked, get_output raises
   EngineDeadError.
-- InprocClient: the same EngineLoop in a thread of the API process (`--engine-in-process`, tests).
+- InprocClient: the same EngineLoop in a thread of the API process (`--engine-in-process`, tests); its
+  outputs reach the event loop through a StepOutputMailbox (output_mailbox.py), which keeps memory bounded
+  when the loop lags.
 
 Both: start() on the event loop, then add_request / abort_requests (non-blocking, in order), await
 get_output() for each EngineStepOutputs, and await shutdown() (bounded; a process that does not stop in
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from servelab.core.messages import EngineCoreRequest
 from servelab.engine.core_loop import EngineLoop
 from servelab.engine.core_protocol import AbortRequests, AddRequest, EngineReady, EngineStepOutputs, SendKV
+from servelab.engine.output_mailbox import StepOutputMailbox
 
 if TYPE_CHECKING:
     from servelab.engine.llm_engine import LLMEngine
@@ -69,14 +72,12 @@ class InprocClient:
         self._inbox: list[AddRequest | AbortRequests] = []
         self._stopping = False
         self._closed_error: EngineDeadError | None = None
-        self._outputs: asyncio.Queue[EngineStepOutputs | EngineDeadError] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outputs: StepOutputMailbox | None = None
         self._thread: threading.Thread | None = None
         self.num_kv_handoffs = 0
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._outputs = asyncio.Queue()
+        self._outputs = StepOutputMailbox(asyncio.get_running_loop())
         self._thread = threading.Thread(target=self._run, name=f"servelab-engine-{self.info.engine_index}",
                                         daemon=True)
         self._thread.start()
@@ -93,10 +94,7 @@ class InprocClient:
         self.num_kv_handoffs += 1
 
     async def get_output(self) -> EngineStepOutputs:
-        item = await self._outputs.get()
-        if isinstance(item, EngineDeadError):
-            raise item
-        return item
+        return await self._outputs.get()
 
     async def shutdown(self, timeout: float = 10.0) -> None:
         with self._cond:
@@ -138,17 +136,11 @@ class InprocClient:
                         break
                 result = engine_loop.run_once(inbox)
                 if result is not None:
-                    self._deliver(result)
+                    self._outputs.put(result)
             error = EngineDeadError("the engine core has shut down")
         except BaseException as exc:  # the loop itself broke
             logger.exception("engine core %d died", self.info.engine_index)
             error = EngineDeadError(f"engine core {self.info.engine_index} died: {type(exc).__name__}: {exc}")
         with self._cond:
             self._closed_error = error
-        self._deliver(error)
-
-    def _deliver(self, item: EngineStepOutputs | EngineDeadError) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._outputs.put_nowait, item)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            pass
+        self._outputs.put(error)
