@@ -37,9 +37,8 @@ class StepColumns:
 
     @classmethod
     def of(cls, role: str, log: StepLog) -> "StepColumns":
-        ints = log.ints
-        return cls(role, log.starts, log.durations, ints["num_running"], ints["num_waiting"], log.kv_usage,
-                   ints["num_reserved_unused_slots"])
+        return cls(role, *map(log.column, ("start", "duration", "num_running", "num_waiting", "kv_usage",
+                                           "num_reserved_unused_slots")))
 
 
 def breakdown_totals(log: StepLog, cost_model: CostModel) -> dict[str, float]:
@@ -51,10 +50,10 @@ def breakdown_totals(log: StepLog, cost_model: CostModel) -> dict[str, float]:
         for key, value in breakdown.items():
             totals[key] += value
     steps_by_batch: dict[int, int] = {}
-    for count, batch_size in zip(log.segment_counts, log.segment_batch_sizes):
+    for count, batch_size in log.segments_in_order():
         steps_by_batch[batch_size] = steps_by_batch.get(batch_size, 0) + count
     run_time = 0.0
-    durations = log.durations
+    durations = log.column("duration")
     for index in log.segments_index:
         run_time += durations[index]
     fixed = 0.0
@@ -189,6 +188,6 @@ def _step_time(result, cost_model) -> dict:
             totals[key] = totals.get(key, 0.0) + value
     busy = sum(totals.values())
     shares = {f"{k}_share": (v / busy if busy else 0.0) for k, v in totals.items()}
-    num_steps = sum(sum(inst.step_stats.ints["num_steps"]) for inst in result.instances)
+    num_steps = sum(sum(inst.step_stats.column("num_steps")) for inst in result.instances)
     return {**shares, "num_steps": num_steps, "mean_step_ms": busy / num_steps * 1000 if num_steps else 0.0,
             "bottleneck": shares.get("communication_share", 0.0) >= COMMUNICATION_SHARE}

@@ -66,7 +66,7 @@ class _Interference:
     def __init__(self, instance: Instance, cost: CostModel) -> None:
         starts, extras = [], []
         log = instance.step_stats
-        prefill, decode = log.ints["num_prefill_tokens"], log.ints["num_decode_requests"]
+        prefill, decode = log.column("num_prefill_tokens"), log.column("num_decode_requests")
         for index in np.flatnonzero(np.logical_and(prefill, decode)).tolist():
             s = log[index]
             attention = s.breakdown.get("attention", 0.0) * s.num_decode_requests / s.num_scheduled_tokens

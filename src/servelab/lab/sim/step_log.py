@@ -13,68 +13,63 @@ from typing import Iterator
 from servelab.core.engine import StepStats
 
 BREAKDOWN_KEYS = ("weights", "attention", "communication", "overhead")  # the cost model's, in its order
+_FLOAT_FIELDS = ("start", "duration", "kv_usage")
 _INT_FIELDS = ("num_scheduled_tokens", "num_prefill_tokens", "num_decode_requests", "num_running", "num_waiting",
                "num_preempted", "num_reserved_unused_slots", "num_steps")
 
 
 class StepLog:
     def __init__(self) -> None:
-        self.starts = array("d")
-        self.durations = array("d")
-        self.kv_usage = array("d")
-        self.ints = {name: array("q") for name in _INT_FIELDS}
-        # entries with a breakdown of the cost model's keys: their index, then one column per key
+        # one row per entry: _FLOAT_FIELDS in `floats`, _INT_FIELDS in `ints`
+        self.floats = array("d")
+        self.ints = array("q")
+        # entries with a breakdown of the cost model's keys: their index, then their values row by row
         self.breakdown_index = array("q")
-        self.breakdown_values = tuple(array("d") for _ in BREAKDOWN_KEYS)
+        self.breakdown_values = array("d")
         self.other_breakdowns: dict[int, dict[str, float]] = {}  # any other non-empty breakdown
-        # entries with decode segments: their index and where their segments start in the two columns
+        # entries with decode segments: their index and where their segments start in segment_rows
         self.segments_index = array("q")
         self.segments_start = array("q")
-        self.segment_counts = array("q")
-        self.segment_batch_sizes = array("q")
+        self.segment_rows = array("q")  # (number of steps, batch size) pairs, flat
 
     def append(self, s: StepStats) -> None:
-        index = len(self.starts)
-        self.starts.append(s.start)
-        self.durations.append(s.duration)
-        self.kv_usage.append(s.kv_usage)
-        ints = self.ints
-        ints["num_scheduled_tokens"].append(s.num_scheduled_tokens)
-        ints["num_prefill_tokens"].append(s.num_prefill_tokens)
-        ints["num_decode_requests"].append(s.num_decode_requests)
-        ints["num_running"].append(s.num_running)
-        ints["num_waiting"].append(s.num_waiting)
-        ints["num_preempted"].append(s.num_preempted)
-        ints["num_reserved_unused_slots"].append(s.num_reserved_unused_slots)
-        ints["num_steps"].append(s.num_steps)
+        index = len(self.floats) // 3
+        self.floats.extend((s.start, s.duration, s.kv_usage))
+        self.ints.extend((s.num_scheduled_tokens, s.num_prefill_tokens, s.num_decode_requests, s.num_running,
+                          s.num_waiting, s.num_preempted, s.num_reserved_unused_slots, s.num_steps))
         breakdown = s.breakdown
         if breakdown:
             if tuple(breakdown) == BREAKDOWN_KEYS:
                 self.breakdown_index.append(index)
-                for column, value in zip(self.breakdown_values, breakdown.values()):
-                    column.append(value)
+                self.breakdown_values.extend(breakdown.values())
             else:
                 self.other_breakdowns[index] = dict(breakdown)
-        if s.decode_segments:
+        segments = s.decode_segments
+        if segments:
             self.segments_index.append(index)
-            self.segments_start.append(len(self.segment_counts))
-            for count, batch_size in s.decode_segments:
-                self.segment_counts.append(count)
-                self.segment_batch_sizes.append(batch_size)
+            self.segments_start.append(len(self.segment_rows))
+            for segment in segments:
+                self.segment_rows.extend(segment)
+
+    def column(self, name: str) -> list:
+        """One field over all entries, in order, as Python numbers."""
+        if name in _FLOAT_FIELDS:
+            return self.floats[_FLOAT_FIELDS.index(name)::len(_FLOAT_FIELDS)].tolist()
+        return self.ints[_INT_FIELDS.index(name)::len(_INT_FIELDS)].tolist()
 
     def __len__(self) -> int:
-        return len(self.starts)
+        return len(self.floats) // len(_FLOAT_FIELDS)
 
     def __getitem__(self, index: int) -> StepStats:
         if not -len(self) <= index < len(self):
             raise IndexError(index)
         index %= len(self)
-        ints = self.ints
-        return StepStats(self.starts[index], self.durations[index], ints["num_scheduled_tokens"][index],
-                         ints["num_prefill_tokens"][index], ints["num_decode_requests"][index],
-                         ints["num_running"][index], ints["num_waiting"][index], ints["num_preempted"][index],
-                         self.kv_usage[index], ints["num_reserved_unused_slots"][index], self.breakdown(index),
-                         ints["num_steps"][index], self.decode_segments(index))
+        start, duration, kv_usage = self.floats[3 * index:3 * index + 3]
+        (num_scheduled_tokens, num_prefill_tokens, num_decode_requests, num_running, num_waiting, num_preempted,
+         num_reserved_unused_slots, num_steps) = self.ints[8 * index:8 * index + 8]
+        return StepStats(start, duration, num_scheduled_tokens, num_prefill_tokens, num_decode_requests, num_running,
+                         num_waiting, num_preempted, kv_usage, num_reserved_unused_slots, self.breakdown(index),
+                         num_steps, self.decode_segments(index))
 
     def __iter__(self) -> Iterator[StepStats]:
         return (self[index] for index in range(len(self)))
@@ -83,27 +78,31 @@ class StepLog:
         row = _row(self.breakdown_index, index)
         if row is None:
             return dict(self.other_breakdowns.get(index, {}))
-        return {key: column[row] for key, column in zip(BREAKDOWN_KEYS, self.breakdown_values)}
+        return dict(zip(BREAKDOWN_KEYS, self.breakdown_values[4 * row:4 * row + 4]))
 
     def decode_segments(self, index: int) -> list[tuple[int, int]]:
         row = _row(self.segments_index, index)
         if row is None:
             return []
         start = self.segments_start[row]
-        stop = self.segments_start[row + 1] if row + 1 < len(self.segments_start) else len(self.segment_counts)
-        return list(zip(self.segment_counts[start:stop], self.segment_batch_sizes[start:stop]))
+        stop = self.segments_start[row + 1] if row + 1 < len(self.segments_start) else len(self.segment_rows)
+        flat = self.segment_rows[start:stop]
+        return list(zip(flat[::2], flat[1::2]))
+
+    def segments_in_order(self) -> Iterator[tuple[int, int]]:
+        """Every entry's decode segments, (number of steps, batch size), entry after entry."""
+        flat = self.segment_rows
+        return zip(flat[::2], flat[1::2])
 
     def breakdowns_in_order(self) -> Iterator[tuple[int, dict[str, float]]]:
         """(index, breakdown) of every entry with a non-empty breakdown, by index."""
-        rows = range(len(self.breakdown_index))
         others = sorted(self.other_breakdowns)
-        j = 0
-        for row in rows:
-            index = self.breakdown_index[row]
+        values, j = self.breakdown_values, 0
+        for row, index in enumerate(self.breakdown_index):
             while j < len(others) and others[j] < index:
                 yield others[j], self.other_breakdowns[others[j]]
                 j += 1
-            yield index, {key: column[row] for key, column in zip(BREAKDOWN_KEYS, self.breakdown_values)}
+            yield index, dict(zip(BREAKDOWN_KEYS, values[4 * row:4 * row + 4]))
         for index in others[j:]:
             yield index, self.other_breakdowns[index]
 
