@@ -11,7 +11,7 @@ from servelab.core.engine import StepStats
 from servelab.lab.catalog import get_device, get_model
 from servelab.lab.sim.api_path import ClientTokenTimes, client_timings
 from servelab.lab.sim.deployment import Deployment
-from servelab.lab.sim.finished import SimulatedRequest
+from servelab.lab.sim.finished import SimulatedRequest, TimelineTimes
 from servelab.lab.sim.simulate import simulate
 from servelab.lab.sim.step_log import StepLog
 from servelab.metrics.request_stats import PERCENTILES, RequestTiming, compute_metrics
@@ -78,10 +78,19 @@ def test_a_simulation_keeps_compact_records_that_agree_with_its_step_log():
     d = Deployment(get_model("llama-3.1-8b"), get_device("h100"), num_gpus=2, max_num_seqs=16)
     w = generate_workload(WorkloadConfig(dataset="sharegpt-like", num_prompts=150, request_rate=12))
     result = simulate(d, w)
-    assert all(isinstance(r, SimulatedRequest) and isinstance(r.times.token_times, array) for r in result.requests)
+    assert all(isinstance(r, SimulatedRequest) for r in result.requests)
     assert [r.num_output_tokens for r in result.requests] == [x.output_len for x in w]
-    assert all(len(r.times.token_times) == r.num_output_tokens for r in result.requests)
-    assert all(r.times.token_times[-1] == r.times.finished for r in result.requests)
-    assert sum(s.num_steps for i in result.instances for s in i.step_stats) >= max(x.output_len for x in w)
+    # one token a step on one instance: every request's token times are consecutive step ends of its instance
+    ends = {i.index: [e for s in i.step_stats for e in s.step_ends] for i in result.instances}
+    for r, instance in zip(result.requests, result.finished_on):
+        times = r.times.token_times
+        assert isinstance(times, TimelineTimes) and len(times) == r.num_output_tokens
+        first = ends[instance].index(times[0])
+        assert list(times) == ends[instance][first:first + len(times)] and times[-1] == r.times.finished
+    assert sum(len(e) for e in ends.values()) == sum(s.num_steps for i in result.instances for s in i.step_stats)
     timings = client_timings(d, result.requests)
     assert all(isinstance(t.token_times, ClientTokenTimes) for t in timings) == bool(d.efficiency.api_ttft_overhead_s)
+    # a KV handoff puts the first token on the prefill instance: the request keeps its own array
+    split = simulate(Deployment(get_model("llama-3.1-8b"), get_device("h100"), num_gpus=2, num_prefill_instances=1,
+                                num_decode_instances=1), w[:20])
+    assert all(isinstance(r.times.token_times, array) for r in split.requests if r.num_output_tokens > 1)

@@ -10,6 +10,7 @@ Two terms, both off the GPU's path, so they move timestamps without slowing any 
 """
 from __future__ import annotations
 
+from array import array
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -50,7 +51,9 @@ class ClientTokenTimes(Sequence[float]):
         return shifted if dtype is None else shifted.astype(dtype)
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Sequence) and list(self) == list(other)
+        if isinstance(other, (Sequence, array)):
+            return list(self) == list(other)
+        return NotImplemented
 
 
 def client_timings(deployment: Deployment, requests: list[SimulatedRequest]) -> list[RequestTiming]:

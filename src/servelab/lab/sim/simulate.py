@@ -264,7 +264,7 @@ class _Simulation:
         index = int(request.request_id)
         w = self.workload[index]
         if instance.role != "prefill" or w.output_len == 1:
-            self.finished[index] = SimulatedRequest.of(request)
+            self.finished[index] = SimulatedRequest.of(request, instance.step_stats.timeline)
             self.finished_on[index] = instance.index
             if self.autoscaler is not None:
                 self._observe(request, w.output_len)

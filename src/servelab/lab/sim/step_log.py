@@ -2,7 +2,8 @@
 
 A StepLog is a sequence of StepStats (each rebuilt on access, equal to the one appended) whose fields
 are packed arrays; the meters read the columns. A step's breakdown and a decode run's segments are
-kept only for the entries that have them (steps have a breakdown, priced runs segments).
+kept only for the entries that have them (steps have a breakdown, priced runs segments). Every step's
+end goes to one timeline, in order: a request that made one token a step has its token times there.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from servelab.core.engine import StepStats
 BREAKDOWN_KEYS = ("weights", "attention", "communication", "overhead")  # the cost model's, in its order
 _FLOAT_FIELDS = ("start", "duration", "kv_usage")
 _INT_FIELDS = ("num_scheduled_tokens", "num_prefill_tokens", "num_decode_requests", "num_running", "num_waiting",
-               "num_preempted", "num_reserved_unused_slots", "num_steps")
+               "num_preempted", "num_reserved_unused_slots", "num_steps", "timeline_start")
 
 
 class StepLog:
@@ -31,12 +32,15 @@ class StepLog:
         self.segments_index = array("q")
         self.segments_start = array("q")
         self.segment_rows = array("q")  # (number of steps, batch size) pairs, flat
+        self.timeline = array("d")  # every entry's step_ends, entry after entry
 
     def append(self, s: StepStats) -> None:
         index = len(self.floats) // 3
         self.floats.extend((s.start, s.duration, s.kv_usage))
         self.ints.extend((s.num_scheduled_tokens, s.num_prefill_tokens, s.num_decode_requests, s.num_running,
-                          s.num_waiting, s.num_preempted, s.num_reserved_unused_slots, s.num_steps))
+                          s.num_waiting, s.num_preempted, s.num_reserved_unused_slots, s.num_steps,
+                          len(self.timeline)))
+        self.timeline.extend(s.step_ends)
         breakdown = s.breakdown
         if breakdown:
             if tuple(breakdown) == BREAKDOWN_KEYS:
@@ -64,12 +68,14 @@ class StepLog:
         if not -len(self) <= index < len(self):
             raise IndexError(index)
         index %= len(self)
+        width = len(_INT_FIELDS)
         start, duration, kv_usage = self.floats[3 * index:3 * index + 3]
         (num_scheduled_tokens, num_prefill_tokens, num_decode_requests, num_running, num_waiting, num_preempted,
-         num_reserved_unused_slots, num_steps) = self.ints[8 * index:8 * index + 8]
+         num_reserved_unused_slots, num_steps, ends_start) = self.ints[width * index:width * index + width]
+        ends_stop = self.ints[width * index + 2 * width - 1] if index + 1 < len(self) else len(self.timeline)
         return StepStats(start, duration, num_scheduled_tokens, num_prefill_tokens, num_decode_requests, num_running,
                          num_waiting, num_preempted, kv_usage, num_reserved_unused_slots, self.breakdown(index),
-                         num_steps, self.decode_segments(index))
+                         num_steps, self.decode_segments(index), self.timeline[ends_start:ends_stop].tolist())
 
     def __iter__(self) -> Iterator[StepStats]:
         return (self[index] for index in range(len(self)))
