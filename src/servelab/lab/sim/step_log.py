@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
+from operator import attrgetter
 from typing import Iterator
 
 from servelab.core.engine import StepStats
@@ -17,6 +18,8 @@ BREAKDOWN_KEYS = ("weights", "attention", "communication", "overhead")  # the co
 _FLOAT_FIELDS = ("start", "duration", "kv_usage")
 _INT_FIELDS = ("num_scheduled_tokens", "num_prefill_tokens", "num_decode_requests", "num_running", "num_waiting",
                "num_preempted", "num_reserved_unused_slots", "num_steps", "timeline_start")
+_floats_of = attrgetter(*_FLOAT_FIELDS)
+_counts_of = attrgetter(*_INT_FIELDS[:-1])  # the StepStats' own; timeline_start is the log's
 
 
 class StepLog:
@@ -35,11 +38,10 @@ class StepLog:
         self.timeline = array("d")  # every entry's step_ends, entry after entry
 
     def append(self, s: StepStats) -> None:
-        index = len(self.floats) // 3
-        self.floats.extend((s.start, s.duration, s.kv_usage))
-        self.ints.extend((s.num_scheduled_tokens, s.num_prefill_tokens, s.num_decode_requests, s.num_running,
-                          s.num_waiting, s.num_preempted, s.num_reserved_unused_slots, s.num_steps,
-                          len(self.timeline)))
+        index = len(self.floats) // len(_FLOAT_FIELDS)
+        self.floats.extend(_floats_of(s))
+        self.ints.extend(_counts_of(s))
+        self.ints.append(len(self.timeline))  # timeline_start
         self.timeline.extend(s.step_ends)
         breakdown = s.breakdown
         if breakdown:
