@@ -24,17 +24,18 @@ _counts_of = attrgetter(*_INT_FIELDS[:-1])  # the StepStats' own; timeline_start
 
 class StepLog:
     def __init__(self) -> None:
-        # one row per entry: _FLOAT_FIELDS in `floats`, _INT_FIELDS in `ints`
+        # one row per entry: _FLOAT_FIELDS in `floats`, _INT_FIELDS in `ints` (32-bit: an entry's counts and
+        # an instance's steps stay far below 2**31, and a value that did not fit would raise OverflowError)
         self.floats = array("d")
-        self.ints = array("q")
+        self.ints = array("i")
         # entries with a breakdown of the cost model's keys: their index, then their values row by row
-        self.breakdown_index = array("q")
+        self.breakdown_index = array("i")
         self.breakdown_values = array("d")
         self.other_breakdowns: dict[int, dict[str, float]] = {}  # any other non-empty breakdown
         # entries with decode segments: their index and where their segments start in segment_rows
-        self.segments_index = array("q")
-        self.segments_start = array("q")
-        self.segment_rows = array("q")  # (number of steps, batch size) pairs, flat
+        self.segments_index = array("i")
+        self.segments_start = array("i")
+        self.segment_rows = array("i")  # (number of steps, batch size) pairs, flat
         self.timeline = array("d")  # every entry's step_ends, entry after entry
 
     def append(self, s: StepStats) -> None:
