@@ -59,17 +59,24 @@ def test_client_token_times_are_a_shifted_copy():
 def test_step_log_gives_back_every_step_stats_it_was_sent():
     sent = [
         StepStats(0.5, 0.01, 300, 290, 10, 12, 3, 0, 0.25, 0, {"weights": 0.004, "attention": 0.003,
-                                                               "communication": 0.0, "overhead": 0.003}),
-        StepStats(0.51, 0.2, 400, 0, 10, 10, 0, 0, 0.3, 0, {}, num_steps=40, decode_segments=[(30, 10), (10, 9)]),
-        StepStats(0.71, 0.02, 1, 0, 1, 1, 0, 1, 1.0, 16, {"other": 0.02}),
-        StepStats(0.73, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0),
-        StepStats(0.74, 0.1, 20, 0, 1, 1, 5, 0, 0.5, 3, {}, num_steps=20, decode_segments=[(20, 1)]),
-    ]
+                                                               "communication": 0.0, "overhead": 0.003},
+                  step_ends=[0.51]),
+        StepStats(0.51, 0.2, 400, 0, 10, 10, 0, 0, 0.3, 0, {}, num_steps=40, decode_segments=[(30, 10), (10, 9)],
+                  step_ends=[0.51 + 0.005 * k for k in range(1, 41)]),
+        StepStats(0.71, 0.02, 1, 0, 1, 1, 0, 1, 1.0, 16, {"other": 0.02}, step_ends=[0.73]),
+        StepStats(0.73, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, step_ends=[0.73]),
+        StepStats(0.74, 0.1, 20, 0, 1, 1, 5, 0, 0.5, 3, {}, num_steps=20, decode_segments=[(20, 1)],
+                  step_ends=[0.74 + 0.005 * k for k in range(1, 21)]),
+    ] * 1000  # more than one packing
     log = StepLog()
     for s in sent:
         log.append(s)
     assert len(log) == len(sent) and list(log) == sent and log[-1] == sent[-1]
-    assert [index for index, _ in log.breakdowns_in_order()] == [0, 2]
+    assert [index for index, _ in log.breakdowns_in_order()][:4] == [0, 2, 5, 7]
+    assert log.column("num_steps") == [s.num_steps for s in sent] and log.run_indices()[:2] == [1, 4]
+    assert list(log.timeline) == [end for s in sent for end in s.step_ends]
+    with pytest.raises(ValueError):
+        log.append(StepStats(0.9, 0.1, 8, 0, 8, 8, 0, 0, 0.5, 0, num_steps=2, step_ends=[1.0]))
     with pytest.raises(IndexError):
         log[len(sent)]
 

@@ -54,7 +54,7 @@ def breakdown_totals(log: StepLog, cost_model: CostModel) -> dict[str, float]:
         steps_by_batch[batch_size] = steps_by_batch.get(batch_size, 0) + count
     run_time = 0.0
     durations = log.column("duration")
-    for index in log.segments_index:
+    for index in log.run_indices():
         run_time += durations[index]
     fixed = 0.0
     for batch_size, count in steps_by_batch.items():

@@ -9,6 +9,7 @@ packed array.
 """
 from __future__ import annotations
 
+import struct
 from array import array
 from bisect import bisect_left
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ def compact_token_times(token_times: list[float], timeline: array) -> Sequence[f
     n = len(token_times)
     if n:
         start = bisect_left(timeline, token_times[0])
-        if timeline[start:start + n] == array("d", token_times):
+        if timeline[start:start + n].tobytes() == struct.pack(f"{n}d", *token_times):  # the same floats
             return TimelineTimes(timeline, start, start + n)
     return array("d", token_times)
 
