@@ -67,7 +67,7 @@ def test_step_log_gives_back_every_step_stats_it_was_sent():
         StepStats(0.73, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, step_ends=[0.73]),
         StepStats(0.74, 0.1, 20, 0, 1, 1, 5, 0, 0.5, 3, {}, num_steps=20, decode_segments=[(20, 1)],
                   step_ends=[0.74 + 0.005 * k for k in range(1, 21)]),
-    ] * 1000  # more than one packing
+    ] * 100  # more than one packing
     log = StepLog()
     for s in sent:
         log.append(s)

@@ -22,7 +22,7 @@ _FIELDS = ("start", "duration", "kv_usage", "num_scheduled_tokens", "num_prefill
            "num_running", "num_waiting", "num_preempted", "num_reserved_unused_slots", "num_steps")
 _NUM_FLOATS = 3
 _row_of = attrgetter(*_FIELDS)
-_PACK_EVERY = 4096
+_PACK_EVERY = 256  # small: a stopped replica keeps what it has not packed
 
 
 class StepLog:
