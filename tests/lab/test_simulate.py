@@ -85,9 +85,9 @@ def test_multi_step_runs_change_nothing(shape):
     w = workload(num_prompts=120, request_rate=30)
     d = deployment(max_num_seqs=32, **shape)
     fast, slow = simulate(d, w), simulate(d, w, multi_step=False)
-    key = [(r.output_token_ids, r.times.token_times, r.times.first_scheduled, r.num_preemptions)
+    key = [(r.num_output_tokens, r.times.token_times, r.times.first_scheduled, r.num_preemptions)
            for r in fast.requests]
-    assert key == [(r.output_token_ids, r.times.token_times, r.times.first_scheduled, r.num_preemptions)
+    assert key == [(r.num_output_tokens, r.times.token_times, r.times.first_scheduled, r.num_preemptions)
                    for r in slow.requests]
     assert (sum(s.num_steps for i in fast.instances for s in i.step_stats)
             == sum(s.num_steps for i in slow.instances for s in i.step_stats))

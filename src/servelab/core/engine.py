@@ -62,6 +62,8 @@ class StepStats:
     # members finish). Its breakdown is left empty: CostModel.decode_breakdown gives the parts that do
     # not depend on context length, and attention takes the rest of the duration.
     decode_segments: list[tuple[int, int]] = field(default_factory=list)
+    # When each of its steps ended (on the clock the requests' token times come from): one per step.
+    step_ends: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -178,7 +180,7 @@ class EngineCore:
             num_running=run.batch_size + len(plan.scheduled), num_waiting=len(scheduler.waiting), num_preempted=0,
             kv_usage=1 - (free_before + free_after) / (2 * bm.num_blocks),
             num_reserved_unused_slots=bm.num_reserved_unused_slots(), breakdown=breakdown, num_steps=num_steps,
-            decode_segments=segments)
+            decode_segments=segments, step_ends=ends)
         return StepOutputs(outputs, self._emit(stats))
 
     def _settle_decode_run(self) -> None:
@@ -206,6 +208,7 @@ class EngineCore:
             kv_usage=sched.block_manager.usage,
             num_reserved_unused_slots=sched.block_manager.num_reserved_unused_slots(),
             breakdown=result.breakdown,
+            step_ends=[end],
         )
 
 

@@ -22,7 +22,7 @@ class RequestStatus(enum.Enum):
         return self.name.startswith("FINISHED")
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestTimes:
     arrival: float
     first_scheduled: float | None = None

@@ -16,6 +16,7 @@ from servelab.lab.analysis.autoscale_policies import AutoscalePolicyConfig
 from servelab.lab.analysis.autoscaling import AutoscaleOutcome, AutoscaleSettings, evaluate_autoscaling
 from servelab.lab.analysis.slo_attribution import attribute_slo_misses
 from servelab.lab.analysis.advisor import DEFAULT_MAX_GPUS, Advice, advise as advise_deployment
+from servelab.lab.analysis.decisions import simulated_autoscaling
 from servelab.lab.analysis.evaluate import Evaluation, Targets, evaluate
 from servelab.lab.analysis.sweep import parse_values, plot_sweep, run_sweep
 from servelab.lab.catalog import LOCAL_CPU, get_device, get_model
@@ -128,6 +129,9 @@ class AdviseRequest:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     targets: TargetsRequest = field(default_factory=TargetsRequest)
     max_gpus: int = DEFAULT_MAX_GPUS
+    # The recommended shape autoscaled over the workload's rate schedule: the GPU autoscaling decision then
+    # cites that simulated comparison.
+    autoscale: AutoscaleRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -204,8 +208,13 @@ def advise(request: AdviseRequest) -> AdviseResult:
     if request.max_gpus < 1:
         raise FieldError(f"{{max_gpus}} must be >= 1, got {request.max_gpus}", "max_gpus")
     base = request.deployment.build()
-    advice = advise_deployment(base.model, base.device, generate_workload(request.workload), targets, base=base,
-                               max_gpus=request.max_gpus)
+    workload = generate_workload(request.workload)
+    advice = advise_deployment(base.model, base.device, workload, targets, base=base, max_gpus=request.max_gpus)
+    rec = advice.recommendation
+    if request.autoscale is not None and rec is not None:
+        outcome = evaluate_autoscaling(rec.deployment, workload, targets, request.autoscale.build())
+        if outcome.scaled.fits:
+            advice = advice.with_decision(simulated_autoscaling(outcome))
     return AdviseResult(advice, request.workload, targets)
 
 

@@ -166,6 +166,7 @@ def _add_lab_commands(sub) -> None:
     adv.add_argument("--max-num-seqs", type=int, default=None)
     adv.add_argument("--max-num-batched-tokens", type=int, default=None)
     adv.add_argument("--block-size", type=int, default=16)
+    _add_autoscale_args(adv)
     adv.set_defaults(func=_handler("cmd_advise"), num_gpus=None, tp=1, schedule="continuous", disaggregate=None)
 
     swp = sub.add_parser("sweep", help="plot a meter against a workload or deployment input (PNG)")
@@ -252,7 +253,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from servelab.workload import describe
 
     result = api.advise(api.AdviseRequest(deployment_request(args), workload_config(args), targets_request(args),
-                                          max_gpus=args.max_gpus))
+                                          max_gpus=args.max_gpus, autoscale=autoscale_request(args)))
     advice, targets = result.advice, result.targets
     if args.json:
         sys.stdout.write(api.format_json(result.to_json()))

@@ -22,6 +22,11 @@ class Advice:
     candidates: list[Evaluation] = field(default_factory=list)
     max_gpus: int = DEFAULT_MAX_GPUS
 
+    def with_decision(self, line: dict) -> "Advice":
+        """This advice with the decision of line's name replaced by line (a decision simulated afterwards)."""
+        decisions = [line if d["decision"] == line["decision"] else d for d in self.decisions]
+        return replace(self, decisions=decisions)
+
     def to_json(self) -> dict:
         rec = self.recommendation
         return {

@@ -43,8 +43,22 @@ class AutoscaleOutcome:
         out["gpu_hours_saved_share"] = (1 - scaled.gpu_seconds() / fixed.gpu_seconds()) if fixed.gpu_seconds() else 0.0
         return out
 
+    def summaries(self) -> tuple[dict, dict]:
+        """The autoscaled run's and the fixed deployment's GPU-hours, replicas, SLO attainment and latencies."""
+        return _summary(self.scaled, self.targets), _summary(self.fixed, self.targets)
+
+    def replica_range(self) -> tuple[int, int]:
+        """Fewest and most serving replicas (every pool's together) the autoscaler kept at any scrape."""
+        by_time: dict[float, int] = {}
+        for s in self.scaled.result.scale_samples:
+            by_time[s.time] = by_time.get(s.time, 0) + s.num_ready
+        if not by_time:  # the run ended before the first scrape
+            num = len(self.scaled.result.instances)
+            return num, num
+        return min(by_time.values()), max(by_time.values())
+
     def decision(self) -> str:
-        s, f = _summary(self.scaled, self.targets), _summary(self.fixed, self.targets)
+        s, f = self.summaries()
         cfg = self.settings.scaling
         att = "" if s["slo_attainment"] is None else (
             f" with {s['slo_attainment']:.1%} of requests meeting the targets (fixed: {f['slo_attainment']:.1%})")

@@ -5,6 +5,7 @@ from dataclasses import replace
 
 from servelab.specs import GIB
 from servelab.lab.sim.deployment import plan_memory
+from servelab.lab.analysis.autoscaling import AutoscaleOutcome
 from servelab.lab.analysis.evaluate import Evaluation, Targets, evaluate
 from servelab.workload import SampledRequest
 
@@ -107,6 +108,29 @@ def _autoscaling(rec: Evaluation) -> dict:
     return _line("GPU autoscaling", False,
                  f"one instance carries the load at {dec['utilization']:.0%} of its decode capacity; there is "
                  "nothing to scale down to")
+
+
+# SLO attainment an autoscaler may give up against the fixed deployment of its maximum and still be worth it
+AUTOSCALE_ATTAINMENT_SLACK = 0.01
+
+
+def simulated_autoscaling(outcome: AutoscaleOutcome) -> dict:
+    """The GPU autoscaling decision from a simulated run over the workload's rate schedule: the replicas the
+    autoscaler chose, its GPU-hours against a fixed deployment of its maximum, and both SLO attainments."""
+    s, f = outcome.summaries()
+    low, high = outcome.replica_range()
+    saved = 1 - s["gpu_hours"] / f["gpu_hours"] if f["gpu_hours"] else 0.0
+    clauses = [f"simulated, the autoscaler kept {low} to {high} replicas serving",
+               f"{s['gpu_hours']:,.1f} GPU-hours against {f['gpu_hours']:,.1f} for a fixed {f['num_replicas_peak']} "
+               "replicas",
+               f"it saves {saved:.1%} of the GPU-hours" if saved > 0 else "it saves no GPU-hours"]
+    keeps_slos = True
+    if s["slo_attainment"] is not None:
+        clauses.append(f"{s['slo_attainment']:.1%} of requests meet the targets (fixed: {f['slo_attainment']:.1%})")
+        keeps_slos = s["slo_attainment"] >= f["slo_attainment"] - AUTOSCALE_ATTAINMENT_SLACK
+        if not keeps_slos:
+            clauses.append("the fixed deployment meets the targets for more requests")
+    return _line("GPU autoscaling", saved > 0 and keeps_slos, "; ".join(clauses))
 
 
 def _streaming(rec: Evaluation) -> dict:

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Sequence
 
 import numpy as np
 
-from servelab.core.engine import StepStats
 from servelab.executor.cost_model import CostModel
 from servelab.metrics.request_stats import RequestTiming
 from servelab.lab.sim.api_path import client_timings
 from servelab.lab.sim.simulate import SimulationResult
+from servelab.lab.sim.step_log import BREAKDOWN_KEYS, StepLog
 
 KV_PRESSURE = 0.90  # peak share of the block pool in use
 WEIGHTS_SHARE_LIMIT = 0.75  # weights leave too little of a GPU for KV
@@ -23,10 +22,6 @@ SLOTS_FULL_SHARE = 0.25  # share of time with every batch slot taken while reque
 QUEUE_SHARE_OF_TTFT = 0.50  # waiting to be scheduled is most of TTFT
 COMMUNICATION_SHARE = 0.30  # all-reduces take this much of step time
 NUM_SERIES_POINTS = 40
-BREAKDOWN_KEYS = ("weights", "attention", "communication", "overhead")
-
-
-_COLUMNS = attrgetter("start", "duration", "num_running", "num_waiting", "kv_usage", "num_reserved_unused_slots")
 
 
 @dataclass
@@ -41,26 +36,26 @@ class StepColumns:
     reserved_unused: Sequence[int]
 
     @classmethod
-    def of(cls, role: str, steps: list[StepStats]) -> "StepColumns":
-        return cls(role, *(list(zip(*map(_COLUMNS, steps))) or [()] * 6))
+    def of(cls, role: str, log: StepLog) -> "StepColumns":
+        return cls(role, *map(log.column, ("start", "duration", "num_running", "num_waiting", "kv_usage",
+                                           "num_reserved_unused_slots")))
 
 
-def breakdown_totals(steps: list[StepStats], cost_model: CostModel) -> dict[str, float]:
+def breakdown_totals(log: StepLog, cost_model: CostModel) -> dict[str, float]:
     """Seconds spent per cost component over a run. A step carries its breakdown; a priced decode run
-    its (steps, batch size) segments, priced here by the parts that do not depend on context length,
-    attention taking the rest of its duration."""
+    (which has none) its (steps, batch size) segments, priced here by the parts that do not depend on
+    context length, attention taking the rest of its duration. Sums run in step order."""
     totals = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    for _, breakdown in log.breakdowns_in_order():
+        for key, value in breakdown.items():
+            totals[key] += value
     steps_by_batch: dict[int, int] = {}
+    for count, batch_size in log.segments_in_order():
+        steps_by_batch[batch_size] = steps_by_batch.get(batch_size, 0) + count
     run_time = 0.0
-    for s in steps:
-        segments = s.decode_segments
-        if segments:
-            for count, batch_size in segments:
-                steps_by_batch[batch_size] = steps_by_batch.get(batch_size, 0) + count
-            run_time += s.duration
-        else:
-            for key, value in s.breakdown.items():
-                totals[key] += value
+    durations = log.column("duration")
+    for index in log.run_indices():
+        run_time += durations[index]
     fixed = 0.0
     for batch_size, count in steps_by_batch.items():
         for key, value in cost_model.decode_breakdown(batch_size).items():
@@ -193,6 +188,6 @@ def _step_time(result, cost_model) -> dict:
             totals[key] = totals.get(key, 0.0) + value
     busy = sum(totals.values())
     shares = {f"{k}_share": (v / busy if busy else 0.0) for k, v in totals.items()}
-    num_steps = sum(sum(map(attrgetter("num_steps"), inst.step_stats)) for inst in result.instances)
+    num_steps = sum(sum(inst.step_stats.column("num_steps")) for inst in result.instances)
     return {**shares, "num_steps": num_steps, "mean_step_ms": busy / num_steps * 1000 if num_steps else 0.0,
             "bottleneck": shares.get("communication_share", 0.0) >= COMMUNICATION_SHARE}

@@ -15,6 +15,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from itertools import accumulate
 
+import numpy as np
+
 from servelab.executor.cost_model import CostModel
 from servelab.lab.sim.instance import Instance
 from servelab.lab.sim.simulate import SimulationResult
@@ -63,13 +65,15 @@ class _Interference:
 
     def __init__(self, instance: Instance, cost: CostModel) -> None:
         starts, extras = [], []
-        for s in instance.step_stats:
-            if s.num_prefill_tokens and s.num_decode_requests:
-                attention = s.breakdown.get("attention", 0.0) * s.num_decode_requests / s.num_scheduled_tokens
-                n = s.num_decode_requests
-                alone = (cost.weights_time(n, n) + cost.communication_time(n) + cost.overhead_time(n, n) + attention)
-                starts.append(s.start)
-                extras.append(max(0.0, s.duration - alone))
+        log = instance.step_stats
+        prefill, decode = log.column("num_prefill_tokens"), log.column("num_decode_requests")
+        for index in np.flatnonzero(np.logical_and(prefill, decode)).tolist():
+            s = log[index]
+            attention = s.breakdown.get("attention", 0.0) * s.num_decode_requests / s.num_scheduled_tokens
+            n = s.num_decode_requests
+            alone = (cost.weights_time(n, n) + cost.communication_time(n) + cost.overhead_time(n, n) + attention)
+            starts.append(s.start)
+            extras.append(max(0.0, s.duration - alone))
         self.starts = starts
         self.cumulative = list(accumulate(extras, initial=0.0))
 

@@ -10,12 +10,53 @@ Two terms, both off the GPU's path, so they move timestamps without slowing any 
 """
 from __future__ import annotations
 
-from servelab.core.request import Request
+from array import array
+from typing import Iterator, Sequence
+
+import numpy as np
+
 from servelab.lab.sim.deployment import Deployment
+from servelab.lab.sim.finished import SimulatedRequest
 from servelab.metrics.request_stats import RequestTiming
 
 
-def client_timings(deployment: Deployment, requests: list[Request]) -> list[RequestTiming]:
+class ClientTokenTimes(Sequence[float]):
+    """A request's token times as its client sees them: the engine's, each `before` later and the last
+    `after` later. Kept as the engine's times and the two shifts (a day's tokens are too many to copy);
+    every value, and the array numpy makes of them, is the float a shifted copy would hold."""
+
+    __slots__ = ("engine_times", "before", "after")
+
+    def __init__(self, engine_times: Sequence[float], before: float, after: float) -> None:
+        self.engine_times, self.before, self.after = engine_times, before, after
+
+    def __len__(self) -> int:
+        return len(self.engine_times)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        times = self.engine_times
+        if index < 0:
+            index += len(times)
+        return times[index] + (self.after if index == len(times) - 1 else self.before)
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self.__array__().tolist())
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        shifted = np.array(self.engine_times, dtype=np.float64)
+        shifted += self.before
+        shifted[-1] = self.engine_times[-1] + self.after
+        return shifted if dtype is None else shifted.astype(dtype)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (Sequence, array)):
+            return list(self) == list(other)
+        return NotImplemented
+
+
+def client_timings(deployment: Deployment, requests: list[SimulatedRequest]) -> list[RequestTiming]:
     e, steps = deployment.efficiency, deployment.num_scheduler_steps
     if not e.api_ttft_overhead_s and not e.api_final_overhead_s and steps == 1:
         return [RequestTiming(r.num_prompt_tokens, r.num_output_tokens, r.arrival_time, r.times.first_token,
@@ -27,7 +68,7 @@ def client_timings(deployment: Deployment, requests: list[Request]) -> list[Requ
         if steps > 1 and r.num_output_tokens > 1:
             before += (steps - 1) / 2 * (t.finished - t.first_token) / (r.num_output_tokens - 1)
         after = before + e.api_final_overhead_s
-        token_times = [x + before for x in t.token_times[:-1]] + [t.token_times[-1] + after] if t.token_times else ()
+        token_times = ClientTokenTimes(t.token_times, before, after) if len(t.token_times) else ()
         timings.append(RequestTiming(r.num_prompt_tokens, r.num_output_tokens, r.arrival_time, t.first_token + before,
                                      t.finished + after, token_times, t.first_scheduled))
     return timings

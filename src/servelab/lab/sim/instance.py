@@ -1,6 +1,6 @@
 """One simulated instance as the router sees it: an EngineCore (servelab's own Scheduler and BlockManager,
 a CostModelExecutor, a VirtualClock), its role, the requests routed to it and when its step in flight
-ends. Its StepStats, one per step or decode run, are what the meters read."""
+ends. Its StepStats, one per step or decode run, kept as columns (step_log.py), are what the meters read."""
 from __future__ import annotations
 
 import math
@@ -8,10 +8,11 @@ import math
 from servelab.config import SchedulerConfig
 from servelab.core.block_manager import BlockManager
 from servelab.core.clock import VirtualClock
-from servelab.core.engine import EngineCore, StepStats
+from servelab.core.engine import EngineCore
 from servelab.core.request import Request
 from servelab.core.scheduler import Scheduler
 from servelab.executor.cost_model import CostModel, CostModelExecutor
+from servelab.lab.sim.step_log import StepLog
 
 
 class Instance:
@@ -21,7 +22,7 @@ class Instance:
         self.index = index
         self.role = role  # "mixed", "prefill" or "decode"
         self.multi_step = multi_step
-        self.step_stats: list[StepStats] = []
+        self.step_stats = StepLog()
         block_manager = BlockManager(num_blocks, block_size,
                                      enable_caching=enable_prefix_caching and not scheduler_config.contiguous)
         self.core = EngineCore(Scheduler(scheduler_config, block_manager),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from servelab.core.request import Request, RequestStatus
 from servelab.lab.sim.deployment import Deployment, MemoryPlan, plan_memory
+from servelab.lab.sim.finished import SimulatedRequest
 from servelab.lab.sim.instance import Instance
 from servelab.lab.sim.scaling import Autoscaler, Pool, ScaleSample, ScalingConfig
 from servelab.workload import SampledRequest
@@ -47,7 +48,7 @@ class SimulationResult:
     workload: list[SampledRequest]
     memory: MemoryPlan
     instances: list[Instance]
-    requests: list[Request]  # finished, in workload order
+    requests: list[SimulatedRequest]  # finished, in workload order
     kv_transfer_times: list[float] = field(default_factory=list)
     # Per request (workload order): the instance that finished it, and its KV transfer's seconds (P/D only).
     finished_on: list[int] = field(default_factory=list)
@@ -123,7 +124,9 @@ class _Simulation:
         self.params = SamplingParams(max_tokens=None, ignore_eos=True)
         self.heap: list[tuple] = []
         self.seq = itertools.count()
-        self.finished: dict[int, Request] = {}
+        self.finished: dict[int, SimulatedRequest] = {}
+        # Placeholder prompts of each length, shared: nothing writes a request's prompt token ids.
+        self.prompts: dict[int, list[int]] = {}
         self.transfer_landings: list[float] = []  # min-heap of in-flight KV transfers' landing times
         self.kv_transfer_times: list[float] = []
         # KV crosses NVLink inside a node, the per-GPU NIC between nodes.
@@ -197,7 +200,10 @@ class _Simulation:
         self.num_arrivals_since_tick += 1
         max_tokens = 1 if instance.role == "prefill" else w.output_len
         if w.prefix_group is None:
-            request = Request(str(index), [0] * w.prompt_len, self.params, max_tokens, (), time)
+            prompt = self.prompts.get(w.prompt_len)
+            if prompt is None:
+                prompt = self.prompts[w.prompt_len] = [0] * w.prompt_len
+            request = Request(str(index), prompt, self.params, max_tokens, (), time)
         else:
             request = Request(str(index), prefix_shared_prompt(index, w), self.params, max_tokens, (), time,
                               cache_prefix=True)
@@ -258,7 +264,7 @@ class _Simulation:
         index = int(request.request_id)
         w = self.workload[index]
         if instance.role != "prefill" or w.output_len == 1:
-            self.finished[index] = request
+            self.finished[index] = SimulatedRequest.of(request, instance.step_stats.timeline)
             self.finished_on[index] = instance.index
             if self.autoscaler is not None:
                 self._observe(request, w.output_len)

@@ -183,11 +183,11 @@ _AUTOSCALE = {
     "interval_s": lambda f, v: _positive(f, _seconds(f, v)),
     "target_waiting": _positive,
     "target_kv_usage": _positive,
-    "slo_attribution": _flag,
 }
 FIELDS = {
-    "simulate": {**_DEPLOYMENT, **_SIMULATE_ONLY, **_WORKLOAD, **_TARGETS, **_AUTOSCALE},
-    "advise": {**_DEPLOYMENT, **_WORKLOAD, **_TARGETS, "max_gpus": lambda f, v: _int(f, v, 1, MAX_ADVISE_GPUS)},
+    "simulate": {**_DEPLOYMENT, **_SIMULATE_ONLY, **_WORKLOAD, **_TARGETS, **_AUTOSCALE, "slo_attribution": _flag},
+    "advise": {**_DEPLOYMENT, **_WORKLOAD, **_TARGETS, **_AUTOSCALE,
+               "max_gpus": lambda f, v: _int(f, v, 1, MAX_ADVISE_GPUS)},
 }
 
 
@@ -214,17 +214,18 @@ def lab_request(command: str, body) -> SimulateRequest | AdviseRequest:
     except FieldError as err:
         raise field_message(err) from None
     _check_size(command, workload)
+    autoscale = None
+    if values.get("autoscale") is not None:
+        try:
+            autoscale = AutoscaleRequest(**{**_values_for(AutoscaleRequest, values), "policy": values["autoscale"]})
+            autoscale.build()
+        except FieldError as err:
+            raise field_message(err) from None
     if command == "simulate":
-        autoscale = None
-        if values.get("autoscale") is not None:
-            try:
-                autoscale = AutoscaleRequest(**{**_values_for(AutoscaleRequest, values), "policy": values["autoscale"]})
-                autoscale.build()
-            except FieldError as err:
-                raise field_message(err) from None
         return SimulateRequest(deployment, workload, targets, autoscale=autoscale,
                                slo_attribution=values.get("slo_attribution", False))
-    return replace(AdviseRequest(deployment, workload, targets), **_values_for(AdviseRequest, values))
+    return replace(AdviseRequest(deployment, workload, targets), **{**_values_for(AdviseRequest, values),
+                                                                    "autoscale": autoscale})
 
 
 def _check_size(command: str, workload: WorkloadConfig) -> None:

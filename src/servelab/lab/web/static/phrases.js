@@ -36,6 +36,13 @@ window.LabPhrases = (() => {
     ["add or remove instances as the request rate moves, watching queue length and KV-cache use", "phrase.scale.how"],
     [`one instance carries the load at (?<u>${PCT}) of its decode capacity`, "phrase.scale.one"],
     ["there is nothing to scale down to", "phrase.scale.nothing"],
+    // the same decision from a simulated autoscaled run (`lab advise --autoscale`)
+    ["simulated, the autoscaler kept (?<low>\\d+) to (?<high>\\d+) replicas serving", "phrase.scale.sim_replicas"],
+    [`(?<hours>${N}) GPU-hours against (?<fixed>${N}) for a fixed (?<n>\\d+) replicas`, "phrase.scale.sim_gpu_hours"],
+    [`it saves (?<share>${N}%) of the GPU-hours`, "phrase.scale.sim_saves"],
+    ["it saves no GPU-hours", "phrase.scale.sim_saves_none"],
+    [`(?<att>${N}%) of requests meet the targets \\(fixed: (?<fixed>${N}%)\\)`, "phrase.scale.sim_attainment"],
+    ["the fixed deployment meets the targets for more requests", "phrase.scale.sim_fixed_better"],
     [`the first token arrives after p50 (?<ttft>${N}) ms, the whole answer after (?<e2e>${N}) ms: streaming ` +
       `shows text (?<x>${N})x sooner`, "phrase.stream.sooner"],
   ].map(([pattern, key]) => [new RegExp(`^${pattern}$`), key]);
