@@ -21,14 +21,18 @@ from servelab.lab.calibrate.targets import Target
 from servelab.lab.catalog.calibration import BOUNDS, CalibrationProfile, link_kind
 
 # Constants every fit may move, per scope; a scope's constants are fitted only when a training target uses it.
-GLOBAL_FIELDS = ("attention", "kv_memory", "matmul_half_tokens", "attention_half_tokens", "interconnect")
-LINK_FIELDS = ("allreduce_latency_s",)
+GLOBAL_FIELDS = ("attention", "kv_memory", "matmul_half_tokens", "attention_half_tokens")
+# NCCL's ring over PCIe (often through the host bridge) reaches a far smaller share of its link than over NVLink
+LINK_FIELDS = ("allreduce_latency_s", "interconnect")
 GPU_FIELDS = ("matmul", "memory")
 ENGINE_FIELDS = ("step_overhead_s", "request_overhead_s", "api_ttft_overhead_s", "api_final_overhead_s")
 PRIOR_WEIGHT = 0.05  # per unit of log-distance from the prior, against residuals of ~0.1
 MISSING = 2.0  # log-residual of a target whose deployment does not fit in memory
 # A fit stops once an iteration lowers the cost by less than this share: the rest is simulation noise.
 CONVERGED = 1e-4
+# Each Jacobian costs a simulation per (constant, target it moves); between two, Broyden's secant updates
+# (one simulation per target) steer this many iterations.
+JACOBIAN_EVERY = 4
 
 
 def candidate_keys(targets: list[Target]) -> list[str]:
@@ -124,11 +128,11 @@ def fit(targets: list[Target], start: dict[str, float] | None = None, keys: list
     r = problem.residuals(x)
     cost = problem.cost(x, r)
     lam, h, log = 0.1, 0.05, []
-    it, previous = 0, cost
+    it, previous, stale, fresh = 0, cost, 0, False
     J = jacobian
     for it in range(1, iterations + 1):
-        if jacobian is None:
-            J = _jacobian(problem, x, r, h)
+        if jacobian is None and (J is None or stale >= JACOBIAN_EVERY):
+            J, stale, fresh = _jacobian(problem, x, r, h), 0, True
         Jf = np.vstack([J, PRIOR_WEIGHT * np.eye(len(keys))])
         f = problem.stacked(x, r)
         A, g = Jf.T @ Jf, Jf.T @ f
@@ -139,6 +143,9 @@ def fit(targets: list[Target], start: dict[str, float] | None = None, keys: list
             r_new = problem.residuals(x_new)
             cost_new = problem.cost(x_new, r_new)
             if cost_new < cost:
+                if jacobian is None:  # Broyden: the secant this step measured, within each target's constants
+                    J = J + np.outer(r_new - r - J @ (x_new - x), x_new - x) / float((x_new - x) @ (x_new - x)) * problem.mask
+                    stale, fresh = stale + 1, False
                 x, r, cost, improved = x_new, r_new, cost_new, True
                 lam = max(lam / 3, 1e-4)
                 break
@@ -146,9 +153,13 @@ def fit(targets: list[Target], start: dict[str, float] | None = None, keys: list
         rms = math.sqrt(float(np.mean(r ** 2)))
         log.append(f"iteration {it}: cost {cost:.4f}, rms log-error {rms:.3f}, lambda {lam:.0e}")
         progress(log[-1])
-        if not improved or float(np.max(np.abs(g))) < 1e-6 or previous - cost < CONVERGED * previous:
-            break
+        stalled = not improved or previous - cost < CONVERGED * previous
         previous = cost
+        if stalled and jacobian is None and not fresh:  # the updated Jacobian leads nowhere: difference anew
+            stale, lam = JACOBIAN_EVERY, 0.1
+            continue
+        if stalled or float(np.max(np.abs(g))) < 1e-6:
+            break
     return FitResult({**(fixed or {}), **_values(keys, x)}, cost, it, keys,
                      J if J is not None else _jacobian(problem, x, r, h), caps, log)
 

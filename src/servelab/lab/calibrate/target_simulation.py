@@ -59,6 +59,8 @@ def stable_cap(target: Target, profile: CalibrationProfile, num_prompts: int | N
     """The fewest requests, num_prompts doubled until it holds, whose metric is within CAP_TOLERANCE of the
     whole workload's at `profile`; None: all of them. A median latency at a steady low load settles within a
     few hundred requests; a throughput under overload, or a queue that keeps building, needs them all."""
+    if target.workload.request_rate == math.inf:  # sent all at once: never capped
+        return None
     whole = simulate_target(target, profile)
     cap = num_prompts
     while cap is not None and cap < target.workload.num_prompts and whole:
