@@ -21,6 +21,8 @@ from servelab.metrics.request_stats import compute_metrics
 CAP_TOLERANCE = 0.01
 CACHE_SIZE = 50_000
 _CACHE: dict[tuple, float | None] = {}
+COLLECT_EVERY = 16
+_since_collect = 0
 
 
 def simulate_target(target: Target, profile: CalibrationProfile, num_prompts: int | None = None) -> float | None:
@@ -46,12 +48,16 @@ def _simulate(target: Target, efficiency, cap: int | None) -> float | None:
         return None
     timings = client_timings(deployment, result.requests)
     value = compute_metrics(timings, max(t.finished for t in timings), {})[target.metric]
-    # a simulation runs with the cyclic collector paused (simulate.py) and leaves cycles behind; a fit runs
-    # thousands of them in one process, so they are collected here rather than piling up. They were all
-    # made while the collector was paused, so they sit in the young generations: collecting those is
-    # enough, and does not walk the whole (old) heap each time.
+    # a simulation runs with the cyclic collector paused and then moves what it made to the oldest
+    # generation (simulate.py), cycles included; a fit runs thousands of them in one process, and without
+    # full collections their cycles piled up to 20 GiB. A full collection walks the whole heap, so it runs
+    # every COLLECT_EVERY simulations rather than after each.
     del result, timings
-    gc.collect(1)
+    global _since_collect
+    _since_collect += 1
+    if _since_collect >= COLLECT_EVERY:
+        gc.collect()
+        _since_collect = 0
     return value
 
 
