@@ -144,7 +144,8 @@ def fit(targets: list[Target], start: dict[str, float] | None = None, keys: list
             cost_new = problem.cost(x_new, r_new)
             if cost_new < cost:
                 if jacobian is None:  # Broyden: the secant this step measured, within each target's constants
-                    J = J + np.outer(r_new - r - J @ (x_new - x), x_new - x) / float((x_new - x) @ (x_new - x)) * problem.mask
+                    dx = x_new - x
+                    J = J + np.outer(r_new - r - J @ dx, dx) / float(dx @ dx) * problem.mask
                     stale, fresh = stale + 1, False
                 x, r, cost, improved = x_new, r_new, cost_new, True
                 lam = max(lam / 3, 1e-4)
@@ -213,7 +214,8 @@ def cross_validate(targets: list[Target], full: FitResult, k: int = 5, iteration
         columns = [full.keys.index(key) for key in keys]
         jacobian = full.jacobian[np.ix_([row_of[id(t)] for t in train], columns)]
         result = fit(train, start=full.values, keys=keys, iterations=iterations, num_prompts=num_prompts,
-                     fixed=fixed, jacobian=jacobian, caps=full.caps, progress=lambda s, f=fold: progress(f"fold {f + 1}/{k}: {s}"))
+                     fixed=fixed, jacobian=jacobian, caps=full.caps,
+                     progress=lambda s, f=fold: progress(f"fold {f + 1}/{k}: {s}"))
         # a constant no training point could see (a GPU only the fold has) keeps its prior, not the full fit's
         profile = CalibrationProfile("fold", with_gpu_defaults(
             {key: v for key, v in result.values.items() if key in keys or key in (fixed or {})}))
