@@ -8,6 +8,10 @@ from typing import Any
 
 GIB = 1 << 30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
+# Weight-only quantized checkpoints (vLLM --quantization): bytes per decoder matmul weight, with the group
+# scales and zero points. GPTQ int4, group size 128: 4 bits, plus an fp16 scale and a 4-bit zero per 128.
+# Embeddings, LM head, norms, activations and the KV cache keep the dtype.
+QUANTIZATION_BYTES = {"gptq-int4": (4 + (16 + 4) / 128) / 8}
 
 
 @dataclass(frozen=True)
@@ -162,8 +166,11 @@ class ModelSpec:
         """Parameters one token uses: a MoE's num_experts_per_tok experts per layer, not all of them."""
         return self._params(self.num_experts_per_tok)
 
-    def weight_bytes(self, dtype: str) -> int:
-        return self.num_params * DTYPE_BYTES[dtype]
+    def weight_bytes(self, dtype: str, quantization: str | None = None) -> int:
+        if quantization is None:
+            return self.num_params * DTYPE_BYTES[dtype]
+        quantized = self.num_hidden_layers * (self.attention_params_per_layer + self.num_experts * self.expert_params)
+        return int(quantized * QUANTIZATION_BYTES[quantization] + (self.num_params - quantized) * DTYPE_BYTES[dtype])
 
     # ---- KV cache, per token and per tensor-parallel rank
     def num_kv_heads_per_rank(self, tensor_parallel_size: int = 1) -> int:

@@ -56,6 +56,9 @@ def test_values_read_off_figures_carry_a_tolerance():
     (lambda e: e["source"].pop("where"), "missing field"),
     (lambda e: e.update(disaggregation="1:1", num_gpus=2), "P:D"),
     (lambda e: e.update(disaggregation="1:1"), "num_gpus"),
+    (lambda e: e["deployment_flags"].update(quantization="int3"), "unknown quantization"),
+    (lambda e: e["deployment_flags"].update(first_token_from_decode=True), "needs a disaggregated point"),
+    (lambda e: e["deployment_flags"].update(warp=True), "may set"),
 ])
 def test_validation_rejects_bad_entries(mutate, message):
     entry = copy.deepcopy(_raw_entries()[0])

@@ -27,7 +27,7 @@ import numpy as np
 
 from servelab.core.plan import DecodeRunPlan, SampledToken, StepPlan, StepResult
 from servelab.executor.curve import PiecewiseLinear
-from servelab.specs import DTYPE_BYTES, DeviceSpec, ModelSpec
+from servelab.specs import DTYPE_BYTES, QUANTIZATION_BYTES, DeviceSpec, ModelSpec
 
 DUMMY_TOKEN_ID = 0
 # vLLM captures CUDA graphs for decode batches up to this size; larger batches and prefills run eagerly.
@@ -117,7 +117,7 @@ GPU_EFFICIENCY = Efficiency(
 class CostModel:
     def __init__(self, model: ModelSpec, device: DeviceSpec, efficiency: Efficiency,
                  tensor_parallel_size: int = 1, dtype: str = "bfloat16", cuda_graphs: bool = True,
-                 num_scheduler_steps: int = 1) -> None:
+                 num_scheduler_steps: int = 1, quantization: str | None = None) -> None:
         tp = tensor_parallel_size
         # A measured CPU profile: the tp ranks are processes sharing the profiled cores, so a step costs
         # the whole model's compute on them (priced as tp 1) plus the measured all-reduces.
@@ -142,6 +142,8 @@ class CostModel:
         self.expert_params = m.expert_params / shard
         self.lm_head_params = m.lm_head_params / shard
         self.dtype_bytes = DTYPE_BYTES[dtype]
+        # decoder GEMMs stream quantized weights (dequantized in the kernel); the LM head keeps the dtype
+        self.layer_weight_bytes = QUANTIZATION_BYTES[quantization] if quantization else self.dtype_bytes
         self.kv_bytes_per_token_layer = m.layer_kv_bytes_per_token(dtype, shard)
         self.score_flops_per_pair = m.layer_score_flops_per_pair(shard)
         self.hidden_bytes_per_token = m.hidden_bytes_per_token(dtype)
@@ -160,7 +162,7 @@ class CostModel:
         # FLOPs over peak * eff(M), eff(M) = matmul * M / (M + half): M's rows cost as if there were M + half
         half = e.matmul_half_tokens
         layer_flops = 2 * (num_tokens + half) * (self.dense_params + k * self.expert_params)
-        layer_bytes = (self.dense_params + experts_read * self.expert_params) * self.dtype_bytes
+        layer_bytes = (self.dense_params + experts_read * self.expert_params) * self.layer_weight_bytes
         layers = self.num_layers * max(layer_flops / self.flops, layer_bytes / self.bandwidth)
         if num_sampled == 0:
             return layers

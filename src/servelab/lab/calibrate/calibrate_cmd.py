@@ -35,6 +35,8 @@ def add_calibrate_parser(sub) -> None:
     p.add_argument("--calibration", default=None, metavar="NAME", help="profile to start from (default: public)")
     p.add_argument("--folds", type=int, default=5, help="k of k-fold cross-validation")
     p.add_argument("--iterations", type=int, default=8, help="Levenberg-Marquardt iterations of the full fit")
+    p.add_argument("--fold-iterations", type=int, default=3,
+                   help="iterations of each cross-validation fold's refit (from the full fit, with its Jacobian)")
     p.add_argument("--fit-num-prompts", type=int, default=600, help="cap on each target's requests while fitting")
     p.add_argument("--save", metavar="NAME", default=None, help="save the fitted profile under this name")
     p.add_argument("--output", type=Path, default=None, help="also write the profile JSON to this path")
@@ -75,7 +77,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     values = with_gpu_defaults(full.values)
     log("full fit: " + json.dumps(values))
     k = max(2, min(args.folds, len(used)))
-    held_out = cross_validate(targets, full, k=k, num_prompts=args.fit_num_prompts, fixed=fixed, progress=log)
+    held_out = cross_validate(targets, full, k=k, iterations=args.fold_iterations, num_prompts=args.fit_num_prompts,
+                              fixed=fixed, progress=log)
     profile = CalibrationProfile(args.save or "unsaved", values, description)
     fitted = [simulate_target(t, profile) for t in targets]
     report = fit_report(targets, fitted, held_out, k)

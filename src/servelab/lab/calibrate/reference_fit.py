@@ -9,7 +9,6 @@ without each fold, starting from the full fit, and predicts the fold: the held-o
 """
 from __future__ import annotations
 
-import gc
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -17,19 +16,23 @@ from typing import Callable
 import numpy as np
 
 from servelab.executor.cost_model import GPU_EFFICIENCY
-from servelab.lab.sim.api_path import client_timings
-from servelab.lab.sim.simulate import DoesNotFit, simulate
-from servelab.metrics.request_stats import compute_metrics
+from servelab.lab.calibrate.target_simulation import simulate_target, stable_cap
 from servelab.lab.calibrate.targets import Target
 from servelab.lab.catalog.calibration import BOUNDS, CalibrationProfile, link_kind
 
 # Constants every fit may move, per scope; a scope's constants are fitted only when a training target uses it.
-GLOBAL_FIELDS = ("attention", "kv_memory", "matmul_half_tokens", "attention_half_tokens", "interconnect")
-LINK_FIELDS = ("allreduce_latency_s",)
+GLOBAL_FIELDS = ("attention", "kv_memory", "matmul_half_tokens", "attention_half_tokens")
+# NCCL's ring over PCIe (often through the host bridge) reaches a far smaller share of its link than over NVLink
+LINK_FIELDS = ("allreduce_latency_s", "interconnect")
 GPU_FIELDS = ("matmul", "memory")
 ENGINE_FIELDS = ("step_overhead_s", "request_overhead_s", "api_ttft_overhead_s", "api_final_overhead_s")
 PRIOR_WEIGHT = 0.05  # per unit of log-distance from the prior, against residuals of ~0.1
 MISSING = 2.0  # log-residual of a target whose deployment does not fit in memory
+# A fit stops once an iteration lowers the cost by less than this share: the rest is simulation noise.
+CONVERGED = 1e-4
+# Each Jacobian costs a simulation per (constant, target it moves); between two, Broyden's secant updates
+# (one simulation per target) steer this many iterations.
+JACOBIAN_EVERY = 4
 
 
 def candidate_keys(targets: list[Target]) -> list[str]:
@@ -68,27 +71,6 @@ def with_gpu_defaults(values: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def simulate_target(target: Target, profile: CalibrationProfile, num_prompts: int | None = None) -> float | None:
-    """The target's metric as `lab simulate` computes it (None: the deployment does not fit). num_prompts
-    caps requests arriving at a finite rate (a fit's shortcut); a batch sent all at once keeps its size,
-    whose longest outputs decide how long the batch runs."""
-    deployment = target.build(profile.efficiency(target.device, target.engine))
-    cap = num_prompts if target.workload.request_rate != math.inf else None
-    try:
-        result = simulate(deployment, target.requests(cap))
-    except DoesNotFit:
-        return None
-    timings = client_timings(deployment, result.requests)
-    value = compute_metrics(timings, max(t.finished for t in timings), {})[target.metric]
-    # a simulation runs with the cyclic collector paused (simulate.py) and leaves cycles behind; a fit runs
-    # thousands of them in one process, so they are collected here rather than piling up. They were all
-    # made while the collector was paused, so they sit in the young generations: collecting those is
-    # enough, and does not walk the whole (old) heap each time.
-    del result, timings
-    gc.collect(1)
-    return value
-
-
 @dataclass
 class FitResult:
     values: dict[str, float]
@@ -96,12 +78,13 @@ class FitResult:
     iterations: int
     keys: list[str]
     jacobian: np.ndarray  # d log(simulated) / d log(constant) at the fit, one row per target
+    caps: dict[str, int | None]  # requests simulated per target id while fitting (None: all)
     log: list[str] = field(default_factory=list)
 
 
 class _Problem:
-    def __init__(self, targets: list[Target], keys: list[str], fixed: dict[str, float], num_prompts: int | None):
-        self.targets, self.keys, self.fixed, self.num_prompts = targets, keys, fixed, num_prompts
+    def __init__(self, targets: list[Target], keys: list[str], fixed: dict[str, float], caps: dict[str, int | None]):
+        self.targets, self.keys, self.fixed, self.caps = targets, keys, fixed, caps
         self.low = np.log([BOUNDS[k.rsplit(".", 1)[1]][0] for k in keys])
         self.high = np.log([BOUNDS[k.rsplit(".", 1)[1]][1] for k in keys])
         self.x0 = np.log([prior(k) for k in keys])
@@ -115,7 +98,7 @@ class _Problem:
         out = base.copy() if base is not None else np.zeros(len(self.targets))
         for i in (range(len(self.targets)) if rows is None else rows):
             t = self.targets[i]
-            sim = simulate_target(t, profile, self.num_prompts)
+            sim = simulate_target(t, profile, self.caps[t.id])
             out[i] = MISSING if sim is None or sim <= 0 else math.log(sim / t.value)
         return out
 
@@ -128,20 +111,28 @@ class _Problem:
 
 def fit(targets: list[Target], start: dict[str, float] | None = None, keys: list[str] | None = None,
         iterations: int = 8, num_prompts: int | None = 300, progress: Callable[[str], None] = lambda s: None,
-        fixed: dict[str, float] | None = None, jacobian: np.ndarray | None = None) -> FitResult:
-    """jacobian: reuse this one (rows: targets, columns: keys) instead of differencing at every iteration."""
+        fixed: dict[str, float] | None = None, jacobian: np.ndarray | None = None,
+        caps: dict[str, int | None] | None = None) -> FitResult:
+    """jacobian: reuse this one (rows: targets, columns: keys) instead of differencing at every iteration.
+    num_prompts: the fewest requests a target is simulated with while fitting, raised per target until its
+    metric stands still (stable_cap) at the start values; caps: those counts, already chosen."""
     keys = keys or candidate_keys(targets)
-    problem = _Problem(targets, keys, fixed or {}, num_prompts)
     start = start or {}
-    x = np.clip(np.array([math.log(start.get(k, prior(k))) for k in keys]), problem.low, problem.high)
+    x = np.array([math.log(start.get(k, prior(k))) for k in keys])
+    if caps is None:
+        at_start = CalibrationProfile("start", {**(fixed or {}), **_values(keys, x)})
+        caps = {t.id: stable_cap(t, at_start, num_prompts) for t in targets}
+        progress(f"requests simulated per target while fitting: {caps}")
+    problem = _Problem(targets, keys, fixed or {}, caps)
+    x = np.clip(x, problem.low, problem.high)
     r = problem.residuals(x)
     cost = problem.cost(x, r)
     lam, h, log = 0.1, 0.05, []
-    it = 0
+    it, previous, stale, fresh = 0, cost, 0, False
     J = jacobian
     for it in range(1, iterations + 1):
-        if jacobian is None:
-            J = _jacobian(problem, x, r, h)
+        if jacobian is None and (J is None or stale >= JACOBIAN_EVERY):
+            J, stale, fresh = _jacobian(problem, x, r, h), 0, True
         Jf = np.vstack([J, PRIOR_WEIGHT * np.eye(len(keys))])
         f = problem.stacked(x, r)
         A, g = Jf.T @ Jf, Jf.T @ f
@@ -152,6 +143,10 @@ def fit(targets: list[Target], start: dict[str, float] | None = None, keys: list
             r_new = problem.residuals(x_new)
             cost_new = problem.cost(x_new, r_new)
             if cost_new < cost:
+                if jacobian is None:  # Broyden: the secant this step measured, within each target's constants
+                    dx = x_new - x
+                    J = J + np.outer(r_new - r - J @ dx, dx) / float(dx @ dx) * problem.mask
+                    stale, fresh = stale + 1, False
                 x, r, cost, improved = x_new, r_new, cost_new, True
                 lam = max(lam / 3, 1e-4)
                 break
@@ -159,10 +154,15 @@ def fit(targets: list[Target], start: dict[str, float] | None = None, keys: list
         rms = math.sqrt(float(np.mean(r ** 2)))
         log.append(f"iteration {it}: cost {cost:.4f}, rms log-error {rms:.3f}, lambda {lam:.0e}")
         progress(log[-1])
-        if not improved or float(np.max(np.abs(g))) < 1e-6:
+        stalled = not improved or previous - cost < CONVERGED * previous
+        previous = cost
+        if stalled and jacobian is None and not fresh:  # the updated Jacobian leads nowhere: difference anew
+            stale, lam = JACOBIAN_EVERY, 0.1
+            continue
+        if stalled or float(np.max(np.abs(g))) < 1e-6:
             break
     return FitResult({**(fixed or {}), **_values(keys, x)}, cost, it, keys,
-                     J if J is not None else _jacobian(problem, x, r, h), log)
+                     J if J is not None else _jacobian(problem, x, r, h), caps, log)
 
 
 def _values(keys: list[str], x: np.ndarray) -> dict[str, float]:
@@ -214,7 +214,8 @@ def cross_validate(targets: list[Target], full: FitResult, k: int = 5, iteration
         columns = [full.keys.index(key) for key in keys]
         jacobian = full.jacobian[np.ix_([row_of[id(t)] for t in train], columns)]
         result = fit(train, start=full.values, keys=keys, iterations=iterations, num_prompts=num_prompts,
-                     fixed=fixed, jacobian=jacobian, progress=lambda s, f=fold: progress(f"fold {f + 1}/{k}: {s}"))
+                     fixed=fixed, jacobian=jacobian, caps=full.caps,
+                     progress=lambda s, f=fold: progress(f"fold {f + 1}/{k}: {s}"))
         # a constant no training point could see (a GPU only the fold has) keeps its prior, not the full fit's
         profile = CalibrationProfile("fold", with_gpu_defaults(
             {key: v for key, v in result.values.items() if key in keys or key in (fixed or {})}))

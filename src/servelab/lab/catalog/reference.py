@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from servelab.lab.catalog.lookup import DATA_DIR, gpu_ids, model_ids
-from servelab.specs import DTYPE_BYTES
+from servelab.specs import DTYPE_BYTES, QUANTIZATION_BYTES
 from servelab.workload import DATASETS, WorkloadConfig
 
 REFERENCE_FILE = DATA_DIR / "reference_points.json"
@@ -19,6 +19,9 @@ UNITS = {"ms", "tok/s", "req/s"}
 GROUPS = ("latency-batch<=8", "low-load-ttft", "low-load-tpot", "loaded-latency", "throughput", "disaggregated")
 READ_FROM = ("table", "text", "figure")
 DEPLOYMENT_FLAGS = ("engine", "num_scheduler_steps", "cuda_graphs")
+# set only where the source ran them: a weight-quantized checkpoint, a disaggregation proxy that streams
+# the answer from the decode instance
+OPTIONAL_DEPLOYMENT_FLAGS = ("quantization", "first_token_from_decode")
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,8 @@ class DeploymentFields:
     engine: str
     num_scheduler_steps: int
     cuda_graphs: bool
+    quantization: str | None = None
+    first_token_from_decode: bool = False
 
     def as_kwargs(self) -> dict:
         return dict(self.__dict__)
@@ -161,9 +166,13 @@ def validate(p: ReferencePoint) -> None:
         ((p.group == "disaggregated") == (p.disaggregation is not None), "disaggregated points and only they set P:D"),
         (all(k in ("max_num_seqs", "max_num_batched_tokens") for k in p.engine_settings),
          "engine_settings may set max_num_seqs and max_num_batched_tokens"),
-        (set(p.deployment_flags) == set(DEPLOYMENT_FLAGS) and isinstance(p.deployment_flags["engine"], str)
+        (set(DEPLOYMENT_FLAGS) <= set(p.deployment_flags) <= set(DEPLOYMENT_FLAGS + OPTIONAL_DEPLOYMENT_FLAGS)
+         and isinstance(p.deployment_flags["engine"], str)
          and isinstance(p.deployment_flags["cuda_graphs"], bool) and p.deployment_flags["num_scheduler_steps"] >= 1,
-         f"deployment_flags must set {', '.join(DEPLOYMENT_FLAGS)}"),
+         f"deployment_flags must set {', '.join(DEPLOYMENT_FLAGS)} and may set {', '.join(OPTIONAL_DEPLOYMENT_FLAGS)}"),
+        (p.deployment_flags.get("quantization") in (None, *QUANTIZATION_BYTES), "unknown quantization"),
+        (not p.deployment_flags.get("first_token_from_decode") or p.disaggregation is not None,
+         "first_token_from_decode needs a disaggregated point"),
         (bool(p.source.url.startswith("https://") and p.source.where), "source needs an https URL and a location"),
     ]
     for ok, message in checks:

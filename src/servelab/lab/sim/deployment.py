@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from servelab.config import SCHEDULE_POLICIES, SchedulerConfig
 from servelab.errors import check_fields
 from servelab.executor.cost_model import GPU_EFFICIENCY, CostModel, Efficiency
-from servelab.specs import DTYPE_BYTES, GIB, DeviceSpec, ModelSpec
+from servelab.specs import DTYPE_BYTES, GIB, QUANTIZATION_BYTES, DeviceSpec, ModelSpec
 
 ROUTERS = ("round-robin", "least-loaded")
 # vLLM's defaults on a datacenter GPU: --gpu-memory-utilization 0.9, max_num_seqs 256 and a chunked-prefill
@@ -46,6 +46,12 @@ class Deployment:
     # scheduling pass plans num_scheduler_steps decode steps (vLLM's multi-step scheduling).
     cuda_graphs: bool = True
     num_scheduler_steps: int = 1
+    # Weight-only quantized checkpoint (vLLM --quantization; QUANTIZATION_BYTES); None: weights in dtype.
+    quantization: str | None = None
+    # Disaggregated only: the client's first token comes from the decode instance, after the KV handoff
+    # and its first step (vLLM's disaggregated-prefill proxy sends the prompt to the prefill instance with
+    # max_tokens=1, then streams the whole answer from the decode instance).
+    first_token_from_decode: bool = False
 
     def __post_init__(self) -> None:
         tp, m = self.tensor_parallel_size, self.model
@@ -55,6 +61,10 @@ class Deployment:
              ("schedule",)),
             (self.router in ROUTERS, f"{{router}} must be one of {', '.join(ROUTERS)}", ("router",)),
             (self.dtype in DTYPE_BYTES, f"{{dtype}} must be one of {', '.join(DTYPE_BYTES)}", ("dtype",)),
+            (self.quantization is None or self.quantization in QUANTIZATION_BYTES,
+             f"{{quantization}} must be one of {', '.join(QUANTIZATION_BYTES)}", ("quantization",)),
+            (not self.first_token_from_decode or p > 0, "{first_token_from_decode} needs {disaggregate}",
+             ("first_token_from_decode", "disaggregate")),
             (tp >= 1 and self.num_gpus >= 1, "{tp} and {num_gpus} must be >= 1", ("tp", "num_gpus")),
             (self.num_gpus % tp == 0, f"{{num_gpus}} {self.num_gpus} is not a multiple of {{tp}} {tp}",
              ("num_gpus", "tp")),
@@ -93,7 +103,7 @@ class Deployment:
 
     def cost_model(self) -> CostModel:
         return CostModel(self.model, self.device, self.efficiency, self.tensor_parallel_size, self.dtype,
-                         self.cuda_graphs, self.num_scheduler_steps)
+                         self.cuda_graphs, self.num_scheduler_steps, self.quantization)
 
     def describe(self) -> str:
         if self.disaggregated:
@@ -112,6 +122,8 @@ class Deployment:
             "max_num_batched_tokens": self.max_num_batched_tokens, "block_size": self.block_size, "dtype": self.dtype,
             **({} if self.enable_prefix_caching else {"enable_prefix_caching": False}),
             "cuda_graphs": self.cuda_graphs, "num_scheduler_steps": self.num_scheduler_steps,
+            **({"quantization": self.quantization} if self.quantization else {}),
+            **({"first_token_from_decode": True} if self.first_token_from_decode else {}),
         }
 
 
@@ -135,7 +147,7 @@ class MemoryPlan:
 
 def plan_memory(d: Deployment, max_request_tokens: int) -> MemoryPlan:
     m, tp = d.model, d.tensor_parallel_size
-    weights = m.weight_bytes(d.dtype) // tp  # vocab-parallel embeddings shard too
+    weights = m.weight_bytes(d.dtype, d.quantization) // tp  # vocab-parallel embeddings shard too
     kv_per_token = m.kv_bytes_per_token(d.dtype, tp)
     if d.kv_cache_bytes is not None:
         usable, activations, kv = d.device.memory_bytes, 0, d.kv_cache_bytes
