@@ -57,11 +57,16 @@ def test_int8_stays_sensible(fp32_tokens, default_model_dir):
     assert [t[0] for t in tokens] == [t[0] for t in fp32_tokens]
     model = llm.engine.executor.model
     assert isinstance(model.layers[0].down_proj.quantized, Int8Weight)
+    # SmoothQuant calibrated every matrix, the LM head too
+    assert all(linear.quantized.inv_smooth is not None for linear in model.linear_layers())
     cfg = model.config
     h, i, q, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads * cfg.head_dim, \
         cfg.num_key_value_heads * cfg.head_dim
-    per_layer = (q + 2 * kv) * h + h * q + 2 * i * h + h * i + 4 * (q + 2 * kv + h + 2 * i + h) + 2 * 4 * h
-    expected = cfg.num_hidden_layers * per_layer + 4 * h + cfg.vocab_size * h * (4 + 1) + 4 * cfg.vocab_size
+    # int8 matrices, a scale per output row and a SmoothQuant factor per input column; fp32 norms
+    per_layer = ((q + 2 * kv) * h + h * q + 2 * i * h + h * i + 4 * (q + 2 * kv + h + 2 * i + h)
+                 + 4 * (h + q + h + i) + 2 * 4 * h)
+    expected = (cfg.num_hidden_layers * per_layer + 4 * h + cfg.vocab_size * h * (4 + 1) + 4 * cfg.vocab_size
+                + 4 * h)
     assert llm.engine.executor.weight_bytes == expected
 
 

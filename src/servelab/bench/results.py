@@ -20,6 +20,7 @@ def write_results(name: str, payload: dict, rows: list[dict], out_dir: Path = DE
     out_dir.mkdir(parents=True, exist_ok=True)
     payload = {"name": name, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine_info(), **payload}
     json_path = out_dir / f"{name}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)  # a name may hold a folder: "quant/perplexity-smollm2"
     json_path.write_text(json.dumps(payload, indent=2) + "\n")
     md_path = out_dir / f"{name}.md"
     md_path.write_text(f"# {name}\n\n{markdown_table(rows)}\n\nCommand: `{payload.get('command', '')}`\n")

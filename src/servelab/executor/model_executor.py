@@ -20,6 +20,8 @@ from servelab.model.llama import LlamaForCausalLM
 from servelab.model.gguf_weights import load_gguf_weights
 from servelab.model.loader import load_state_dict
 from servelab.model.sampler import Sampler, SamplingRow
+from servelab.model.smooth_quant import CALIBRATION_TEXT, InputAbsMax
+from servelab.model.tokenizer import Tokenizer
 from servelab.specs import ModelSpec
 
 
@@ -70,7 +72,26 @@ class ModelExecutor:
             kv_cache_bytes(cache_config), kv_bytes_per_token, cache_config.block_size)
         if num_blocks < 1:
             raise ValueError("kv_cache_memory is too small to hold a single KV block")
-        return cls(model, num_blocks, cache_config.block_size)
+        executor = cls(model, num_blocks, cache_config.block_size)
+        if quantization == "int8":
+            calibration_ids = Tokenizer.from_pretrained(folder).encode(CALIBRATION_TEXT.read_text(encoding="utf-8"))
+            model.quantize_int8(executor.linear_input_absmax(calibration_ids))
+        return executor
+
+    def linear_input_absmax(self, token_ids: list[int]) -> dict[str, torch.Tensor]:
+        """max |x| per input channel of every linear layer while the float model prefills token_ids
+        (in chunks that fit the KV cache): SmoothQuant's calibration. Leaves the KV cache zeroed."""
+        chunk = min(self.num_blocks * self.block_size, self.model.rope.cos.shape[0])
+        with InputAbsMax(self.model.named_linear_layers()) as observed, torch.inference_mode():
+            for start in range(0, len(token_ids), chunk):
+                part = token_ids[start:start + chunk]
+                request = ScheduledRequest("calibration", part, 0, list(range(-(-len(part) // self.block_size))),
+                                           sample=False, sampling_params=None)
+                input_ids, positions, meta = self._prepare([], [request])
+                observed.record("head", self.model(input_ids, positions, self.kv_caches, meta))
+        for kv_cache in self.kv_caches:
+            kv_cache.zero_()
+        return observed.absmax
 
     @property
     def weight_bytes(self) -> int:

@@ -18,6 +18,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("dequantize_gguf", &servelab::dequantize_gguf, "GGUF quantized blocks (N, row bytes) to fp32 (N, K)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("quantize_rows_int8", &servelab::quantize_rows_int8, "fp32 rows (times 1 / smoothing) to int8, one scale each",
+        pybind11::arg("x"), pybind11::arg("inv_smooth") = pybind11::none(),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("dequantize_rows_int32", &servelab::dequantize_rows_int32, "int32 (M, N) * row scales * column scales",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<servelab::DecodeRunner>(m, "DecodeRunner", "one sequence's decode step in one call")
       .def(pybind11::init<at::Tensor, int64_t, at::Tensor, int64_t, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t,
                           double>())

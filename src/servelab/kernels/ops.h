@@ -17,6 +17,10 @@ at::Tensor silu_and_mul(const at::Tensor& x);
 // x (M, K) fp32 @ W.T with W (N, row bytes) uint8 in GGUF blocks of ggml type `type` (linear_quant.cpp).
 at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& w, int64_t type);
 at::Tensor dequantize_gguf(const at::Tensor& w, int64_t type, int64_t K);
+// W8A8 around torch._int_mm (int8_rows.cpp): x (M, K) fp32, times inv_smooth (K,) if given, to int8 rows
+// with one scale each ({q (M, K) int8, scales (M, 1) fp32}); acc (M, N) int32 * row_scales * col_scales -> fp32.
+std::vector<at::Tensor> quantize_rows_int8(const at::Tensor& x, const c10::optional<at::Tensor>& inv_smooth);
+at::Tensor dequantize_rows_int32(const at::Tensor& acc, const at::Tensor& row_scales, const at::Tensor& col_scales);
 
 // A Llama-family decoder (bf16 weights, bf16 KV cache) run one token of one sequence at a time:
 // forward() is the whole decode step up to the final norm, in one parallel region, and logits()

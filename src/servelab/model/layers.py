@@ -58,8 +58,8 @@ class QuantizableLinear(nn.Module):
         self.quantized = quantized
         self.weight = _weight(0, dtype=self.weight.dtype)
 
-    def quantize_int8(self) -> None:
-        self._set_quantized(Int8Weight.from_float(self.weight))
+    def quantize_int8(self, smooth: torch.Tensor | None = None) -> None:
+        self._set_quantized(Int8Weight.from_float(self.weight, smooth))
 
 
 def _fused_parts(parts: list) -> GGUFWeight | list[torch.Tensor]:

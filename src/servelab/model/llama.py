@@ -20,6 +20,7 @@ from servelab.model.attention import AttentionMetadata, paged_attention, prefill
 from servelab.model.layers import (ColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RowParallelLinear,
                                    VocabParallelEmbedding, compute_dtype)
 from servelab.model.quantization import QUANTIZATION_METHODS, GGUFWeight
+from servelab.model.smooth_quant import SMOOTHQUANT_ALPHA, smoothing_factors
 
 BF16 = 30  # ggml's type id, which DecodeRunner takes for bf16 matrices
 from servelab.specs import ModelSpec
@@ -210,8 +211,20 @@ class LlamaForCausalLM(nn.Module):
         return self.head.compute_logits(hidden)
 
     def linear_layers(self) -> list:
-        return [lin for layer in self.layers
-                for lin in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj)] + [self.head]
+        return list(self.named_linear_layers().values())
+
+    def named_linear_layers(self) -> dict[str, nn.Module]:
+        """Every matrix multiplied by activations, by name ("layers.3.down_proj", "head")."""
+        names = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+        named = {f"layers.{i}.{n}": getattr(layer, n) for i, layer in enumerate(self.layers) for n in names}
+        return {**named, "head": self.head}
+
+    def quantize_int8(self, input_absmax: dict[str, torch.Tensor] | None = None,
+                      alpha: float = SMOOTHQUANT_ALPHA) -> None:
+        """W8A8 every matrix; one with calibrated input statistics is SmoothQuant-smoothed first."""
+        for name, linear in self.named_linear_layers().items():
+            absmax = None if input_absmax is None else input_absmax.get(name)
+            linear.quantize_int8(None if absmax is None else smoothing_factors(absmax, linear.weight, alpha))
 
     def weight_bytes(self) -> int:
         """Bytes of every weight held, each shared tensor once: quantized blocks at their stored size."""
@@ -224,7 +237,8 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, state_dict: dict[str, "torch.Tensor | GGUFWeight"]) -> None:
         """Copy Hugging Face-named (full, unsharded) tensors in; each parallel layer keeps this rank's
         slice, fusing q|k|v and gate|up. GGUF blocks (quantization "gguf") are kept as stored;
-        quantization "int8" quantizes every matrix once loaded. Missing or unexpected names raise."""
+        quantization "int8" keeps float weights until quantize_int8 (after calibration). Missing or
+        unexpected names raise."""
         sd = {k.removeprefix("model."): v for k, v in state_dict.items()}  # copy_ casts to self.dtype
         self.embedding.load(sd.pop("embed_tokens.weight"))
         self.norm.data.copy_(sd.pop("norm.weight"))
@@ -248,9 +262,6 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"unexpected weights in checkpoint: {leftover[:5]}")
         if self.config.tie_word_embeddings:
             self.head.tie_quantized(self.embedding)
-        if self.quantization == "int8":
-            for linear in self.linear_layers():
-                linear.quantize_int8()
         if self.ops is not None:
             self._fused_norms = [(lay.input_norm.float(), lay.post_attention_norm.float()) for lay in self.layers]
             self._final_norm = self.norm.float()

@@ -4,7 +4,9 @@ gguf: the GGUF file's own blocks (Q8_0, Q4_0, Q4_1, Q4_K), kept as stored; serve
       multiplies fp32 activations by them, widening each block in registers (kernels/quant_blocks.h).
       The PyTorch de-quantizers below are its reference and its fallback where the kernels cannot build.
 int8: W8A8 dynamic: int8 weights with one scale per output channel, activations quantized per token
-      (one scale per row) at each call, int8 x int8 -> int32 through torch._int_mm (oneDNN on CPU).
+      (one scale per row) at each call, int8 x int8 -> int32 through torch._int_mm (oneDNN on CPU); the
+      passes before and after it are servelab's kernels (kernels/int8_rows.cpp), the functions below
+      their reference. SmoothQuant factors (smooth_quant.py) move activation outliers into the weights.
 """
 from __future__ import annotations
 
@@ -108,16 +110,21 @@ class GGUFWeight:
 
 @dataclass
 class Int8Weight:
-    """W8A8 dynamic: w ~ qweight * scale[:, None], scale per output channel (symmetric, [-127, 127])."""
+    """W8A8 dynamic: w ~ qweight * scale[:, None], scale per output channel (symmetric, [-127, 127]).
+
+    With SmoothQuant's per-input-channel factors s (smooth_quant.py) the stored matrix is w * s and
+    every activation row is multiplied by inv_smooth = 1 / s before it is quantized: the product is
+    unchanged, and the activations' outlier channels shrink into the weights."""
     qweight_t: torch.Tensor  # (num_columns, num_rows) int8, transposed once for _int_mm's (K, N)
     scale: torch.Tensor  # (num_rows,) fp32
+    inv_smooth: torch.Tensor | None = None  # (num_columns,) fp32
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor) -> "Int8Weight":
-        w = weight.float()
+    def from_float(cls, weight: torch.Tensor, smooth: torch.Tensor | None = None) -> "Int8Weight":
+        w = weight.float() if smooth is None else weight.float() * smooth.float()[None, :]
         scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127
         q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-        return cls(q.t().contiguous(), scale)
+        return cls(q.t().contiguous(), scale, None if smooth is None else 1 / smooth.float())
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -125,13 +132,20 @@ class Int8Weight:
 
     @property
     def nbytes(self) -> int:
-        return self.qweight_t.numel() + self.scale.numel() * 4
+        extra = 0 if self.inv_smooth is None else self.inv_smooth.numel() * 4
+        return self.qweight_t.numel() + self.scale.numel() * 4 + extra
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).float()
-        x_q, x_scale = quantize_per_token(flat)
-        y = int8_matmul(x_q, self.qweight_t).float()
-        y.mul_(x_scale).mul_(self.scale)
+        from servelab.kernels import cpu_ops
+
+        ops, flat = cpu_ops(), x.reshape(-1, x.shape[-1]).float()
+        if ops is None:
+            x_q, x_scale = quantize_per_token(flat if self.inv_smooth is None else flat * self.inv_smooth)
+            y = int8_matmul(x_q, self.qweight_t).float()
+            y.mul_(x_scale).mul_(self.scale)
+        else:
+            x_q, x_scale = ops.quantize_rows_int8(flat, self.inv_smooth)
+            y = ops.dequantize_rows_int32(int8_matmul(x_q, self.qweight_t), x_scale, self.scale)
         return y.view(*x.shape[:-1], self.qweight_t.shape[1])
 
 

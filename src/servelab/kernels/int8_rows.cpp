@@ -1,0 +1,117 @@
+// The two row passes around W8A8's int8 x int8 -> int32 matmul (torch._int_mm), each one pass over memory
+// where PyTorch takes five (abs, amax, divide, round, clamp, cast) and three (cast, two multiplies).
+// Same fp32 operations in the same order as quantization.py's reference, so the results are bit-identical:
+// round-to-nearest-even is the default MXCSR mode that _mm256_cvtps_epi32 uses, as torch.round does.
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops.h"
+
+namespace servelab {
+namespace {
+
+constexpr int64_t GRAIN_ELEMENTS = 1 << 15;  // rows per task: at least this many values
+
+int64_t row_grain(int64_t row_length) { return std::max<int64_t>(1, GRAIN_ELEMENTS / std::max<int64_t>(1, row_length)); }
+
+// x * inv_smooth (or x where there is no smoothing) into out; returns the row's max |value|.
+float smooth_row(const float* x, const float* inv_smooth, float* out, int64_t K) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 vmax = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 v = _mm256_loadu_ps(x + k);
+    if (inv_smooth) v = _mm256_mul_ps(v, _mm256_loadu_ps(inv_smooth + k));
+    _mm256_storeu_ps(out + k, v);
+    vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, v));
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, vmax);
+  float amax = *std::max_element(lanes, lanes + 8);
+  for (; k < K; ++k) {
+    out[k] = inv_smooth ? x[k] * inv_smooth[k] : x[k];
+    amax = std::max(amax, std::fabs(out[k]));
+  }
+  return amax;
+}
+
+// 32 int32 lanes (four vectors) saturated to 32 int8 in order: packs work per 128-bit lane, the permute restores it.
+inline __m256i pack_int8(__m256i a, __m256i b, __m256i c, __m256i d) {
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+  return _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+void quantize_row(const float* xs, float scale, int8_t* q, int64_t K) {
+  const __m256 vscale = _mm256_set1_ps(scale), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  auto convert = [&](int64_t k) {
+    const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(_mm256_loadu_ps(xs + k), vscale), lo), hi);
+    return _mm256_cvtps_epi32(v);
+  };
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k), pack_int8(convert(k), convert(k + 8), convert(k + 16),
+                                                                     convert(k + 24)));
+  for (; k < K; ++k) q[k] = static_cast<int8_t>(std::nearbyint(std::clamp(xs[k] / scale, -127.0f, 127.0f)));
+}
+
+}  // namespace
+
+std::vector<at::Tensor> quantize_rows_int8(const at::Tensor& x_in, const c10::optional<at::Tensor>& inv_smooth) {
+  TORCH_CHECK(x_in.dim() == 2, "quantize_rows_int8: x must be (M, K)");
+  auto x = x_in.to(at::kFloat).contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  const float* s = nullptr;
+  at::Tensor smooth;
+  if (inv_smooth.has_value()) {
+    smooth = inv_smooth->to(at::kFloat).contiguous();
+    TORCH_CHECK(smooth.dim() == 1 && smooth.size(0) == K, "quantize_rows_int8: inv_smooth must be (K,)");
+    s = smooth.data_ptr<float>();
+  }
+  auto q = at::empty({M, K}, x.options().dtype(at::kChar));
+  auto scales = at::empty({M, 1}, x.options());
+  const float* xp = x.data_ptr<float>();
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* sp = scales.data_ptr<float>();
+  at::parallel_for(0, M, row_grain(K), [&](int64_t b, int64_t e) {
+    std::vector<float> row(K);
+    for (int64_t m = b; m < e; ++m) {
+      const float scale = std::max(smooth_row(xp + m * K, s, row.data(), K), 1e-8f) / 127.0f;
+      quantize_row(row.data(), scale, qp + m * K, K);
+      sp[m] = scale;
+    }
+  });
+  return {q, scales};
+}
+
+at::Tensor dequantize_rows_int32(const at::Tensor& acc, const at::Tensor& row_scales, const at::Tensor& col_scales) {
+  TORCH_CHECK(acc.dim() == 2 && acc.scalar_type() == at::kInt, "dequantize_rows_int32: acc must be (M, N) int32");
+  const int64_t M = acc.size(0), N = acc.size(1);
+  TORCH_CHECK(row_scales.numel() == M && col_scales.numel() == N, "dequantize_rows_int32: scales must be (M,) and (N,)");
+  auto a = acc.contiguous();
+  auto rs = row_scales.to(at::kFloat).contiguous();
+  auto cs = col_scales.to(at::kFloat).contiguous();
+  auto y = at::empty({M, N}, a.options().dtype(at::kFloat));
+  const int32_t* ap = a.data_ptr<int32_t>();
+  const float* rp = rs.data_ptr<float>();
+  const float* cp = cs.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      const __m256 r = _mm256_set1_ps(rp[m]);
+      const int32_t* am = ap + m * N;
+      float* ym = yp + m * N;
+      int64_t n = 0;
+      for (; n + 8 <= N; n += 8) {
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(am + n)));
+        _mm256_storeu_ps(ym + n, _mm256_mul_ps(_mm256_mul_ps(v, r), _mm256_loadu_ps(cp + n)));
+      }
+      for (; n < N; ++n) ym[n] = static_cast<float>(am[n]) * rp[m] * cp[n];
+    }
+  });
+  return y;
+}
+
+}  // namespace servelab

@@ -1,0 +1,76 @@
+"""The W8A8 row passes (kernels/int8_rows.cpp) against quantization.py's PyTorch reference: the same
+fp32 operations in the same order, so the results must be identical, ties and tails included."""
+import pytest
+import torch
+
+from servelab.kernels import cpu_ops
+from servelab.model.quantization import Int8Weight, int8_matmul, quantize_per_token
+
+ops = cpu_ops()
+pytestmark = pytest.mark.skipif(ops is None, reason="servelab CPU ops need AVX2+FMA+F16C and a C++ compiler")
+
+
+def outlier_rows(m: int, k: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    x[:, torch.randperm(k, generator=g)[:3]] *= 60  # a few outlier channels, as in real activations
+    return x
+
+
+@pytest.mark.parametrize("k", [576, 40, 7])  # whole 32-value groups, an 8-value tail, a scalar tail
+@pytest.mark.parametrize("m", [1, 5, 64])
+def test_quantize_rows_is_the_reference(m, k):
+    x = outlier_rows(m, k, seed=m * k)
+    q, scale = ops.quantize_rows_int8(x)
+    expected_q, expected_scale = quantize_per_token(x)
+    assert q.dtype == torch.int8 and scale.shape == (m, 1)
+    assert torch.equal(q, expected_q) and torch.equal(scale, expected_scale)
+
+
+@pytest.mark.parametrize("k", [576, 44])
+def test_quantize_rows_with_smoothing_is_the_reference(k):
+    x = outlier_rows(9, k, seed=k)
+    inv_smooth = torch.rand(k, generator=torch.Generator().manual_seed(1)) + 0.05
+    q, scale = ops.quantize_rows_int8(x, inv_smooth)
+    expected_q, expected_scale = quantize_per_token(x * inv_smooth)
+    assert torch.equal(q, expected_q) and torch.equal(scale, expected_scale)
+
+
+def test_quantize_rows_rounds_half_to_even_and_keeps_zero_rows():
+    # amax 127 makes the scale exactly 1, so x / scale lands on the .5 ties themselves.
+    tie_row = torch.tensor([127.0, 2.5, -3.5, 0.5, -0.5, 1.5, 126.5, -127.0] * 5)
+    x = torch.stack([tie_row, torch.zeros(40)])
+    q, scale = ops.quantize_rows_int8(x)
+    assert q[0, :8].tolist() == [127, 2, -4, 0, 0, 2, 126, -127]
+    assert torch.equal(q, quantize_per_token(x)[0]) and torch.equal(scale, quantize_per_token(x)[1])
+    assert q[1].eq(0).all() and scale[1].item() > 0
+
+
+@pytest.mark.parametrize("n", [960, 13])
+def test_dequantize_rows_is_the_reference(n):
+    g = torch.Generator().manual_seed(n)
+    acc = torch.randint(-2**20, 2**20, (33, n), dtype=torch.int32, generator=g)
+    row_scales, col_scales = torch.rand(33, 1, generator=g), torch.rand(n, generator=g)
+    expected = acc.float()
+    expected.mul_(row_scales).mul_(col_scales)
+    assert torch.equal(ops.dequantize_rows_int32(acc, row_scales, col_scales), expected)
+
+
+@pytest.mark.parametrize("m", [3, 40])  # below and above int8_matmul's padding threshold
+def test_int8_weight_linear_with_kernels_matches_plain_pytorch(m):
+    g = torch.Generator().manual_seed(m)
+    weight = torch.randn(48, 64, generator=g)
+    smooth = torch.rand(64, generator=g) + 0.5
+    x = outlier_rows(m, 64, seed=m)
+    for int8 in (Int8Weight.from_float(weight), Int8Weight.from_float(weight, smooth)):
+        x_q, x_scale = quantize_per_token(x if int8.inv_smooth is None else x * int8.inv_smooth)
+        expected = int8_matmul(x_q, int8.qweight_t).float()
+        expected.mul_(x_scale).mul_(int8.scale)
+        assert torch.equal(int8.linear(x), expected)
+
+
+def test_quantize_rows_rejects_wrong_shapes():
+    with pytest.raises(RuntimeError, match="inv_smooth"):
+        ops.quantize_rows_int8(torch.randn(2, 16), torch.ones(8))
+    with pytest.raises(RuntimeError, match="scales"):
+        ops.dequantize_rows_int32(torch.zeros(2, 4, dtype=torch.int32), torch.ones(2, 1), torch.ones(3))
