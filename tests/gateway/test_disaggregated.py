@@ -108,6 +108,28 @@ def test_one_to_one_matches_a_colocated_engine_and_frees_every_block():
     assert all(not os.path.exists(f"/proc/{pid}/status") or _zombie(pid) for pid in pids)
 
 
+def test_two_prefill_instances_share_the_prompts_and_hand_every_one_to_the_decode_instance():
+    colocated = run([InprocClient(make_engine(eos_at_position=9))], scenario, [])
+    pd = deployment(2, 1, eos_at_position=9, step_delay=0.01)
+    events = []
+
+    async def body(ae):
+        results = await scenario(ae)
+        return results, await wait_idle(events, [0, 1, 2])
+
+    try:
+        results, last = run(pd.cores, body, events)
+    finally:
+        pd.close()
+    assert results == colocated
+    assert all(idle(state) for state in last.values())
+    sent_by = {t.request_id: e.engine_index for e in events for t in e.kv_transfers}
+    assert set(sent_by) == {r[0] for r in REQUESTS} - {"one"}
+    assert set(sent_by.values()) == {0, 1}  # the least-loaded prefill instance: both took prompts
+    finished_on = {f.request_id: e.engine_index for e in events for f in e.finished}
+    assert all(finished_on[request_id] == 2 for request_id in sent_by)
+
+
 def _zombie(pid):
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] == "Z"
