@@ -44,6 +44,10 @@ def test_results_sit_beside_the_labs_prediction_for_the_same_workload(tmp_path, 
     copy = tmp_path / "results" / "stages-smollm2"  # the repository's copy of the shipped run: listed once
     copy.mkdir()
     shutil.copy(SHIPPED, copy / "stages-smollm2.json")
+    tp_only = tmp_path / "results" / "stages-tp"  # only stages the panel does not predict: no empty table
+    tp_only.mkdir()
+    (tp_only / "stages-tp.json").write_text(json.dumps(
+        {**shipped, "name": "stages-tp", "runs": [r for r in shipped["runs"] if r["schedule"] in ("tp", "disaggregated")]}))
     (tmp_path / "results" / "serve-x").mkdir()
     (tmp_path / "results" / "serve-x" / "serve-x.json").write_text(json.dumps({"command": "servelab bench serve"}))
     sets = measured_path(MeasuredRequest(tmp_path / "results")).to_json()["sets"]

@@ -39,7 +39,8 @@ class MeasuredPath:
 def measured_path(request: MeasuredRequest) -> MeasuredPath:
     """In the lab's worker process: reading the results and predicting them simulates."""
     sets = [_with_prediction(payload, source) for payload, source in _stage_results(request.results_dir)]
-    return MeasuredPath(sets)
+    # a run of only the stages the panel does not predict (e.g. `--stages tp`) would draw an empty table
+    return MeasuredPath([s for s in sets if s["runs"]])
 
 
 def _stage_results(results_dir: Path) -> list[tuple[dict, str]]:
