@@ -192,3 +192,24 @@ def test_parse_lscpu():
     text = "Architecture: x86_64\nCPU(s):   4\nModel name:  AMD EPYC 9R14\nFlags: fpu avx2 fma avx512f avx512_bf16\n"
     assert parse_lscpu(text) == {"model_name": "AMD EPYC 9R14", "num_cpus": 4,
                                  "key_flags": ["avx2", "fma", "avx512f", "avx512_bf16"], "num_flags": 5}
+
+
+def test_servelab_offline_loops_drive_a_real_engine_to_the_end():
+    """generate_offline / servelab_decode (the offline and decode rows) on a real LLMEngine over the stub executor:
+    every request runs to its length and the engine ends empty, with every block free."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
+    from stub_engine import make_engine
+
+    from servelab.bench.datasets import BenchRequest
+    from servelab.bench.peers.runs import generate_offline, servelab_decode
+
+    engine = make_engine(num_blocks=64, max_num_seqs=4)
+    requests = [BenchRequest([2] * (3 + i), 3 + i, 4 + i, 0.0) for i in range(6)]
+    assert generate_offline(engine, requests, "t") > 0
+    assert not engine.has_unfinished_requests()
+    assert servelab_decode(engine, num_tokens=5, num_iters=2, prompt_token_id=2) > 0
+    state = engine.get_state()
+    assert state.num_running == state.num_waiting == 0 and state.num_free_blocks == state.num_blocks == 64

@@ -85,7 +85,7 @@ def run_servelab_online(args, work: Workloads, tokenizer, log_dir: Path, quantiz
     return runs
 
 
-def servelab_decode(engine, num_tokens: int, num_iters: int) -> float:
+def servelab_decode(engine, num_tokens: int, num_iters: int, prompt_token_id: int = 1000) -> float:
     """Tokens/s of one stream from a one-token prompt: num_tokens decode steps after the first token,
     the median of num_iters runs after a warm-up (what llama-bench's tgN measures)."""
     from servelab.sampling_params import SamplingParams
@@ -93,7 +93,8 @@ def servelab_decode(engine, num_tokens: int, num_iters: int) -> float:
     params = SamplingParams(max_tokens=num_tokens + 1, ignore_eos=True, temperature=0.0)
     times = []
     for it in range(num_iters + 1):
-        engine.add_request(f"peers-decode-{it}", {"prompt_token_ids": [1000]}, params)
+        engine.add_request(engine.input_processor.process_inputs(f"peers-decode-{it}", {"prompt_token_ids": [prompt_token_id]},
+                                                                 params))
         first = None
         while engine.has_unfinished_requests():
             outs = engine.step()
@@ -110,8 +111,9 @@ def generate_offline(engine, requests: list[BenchRequest], prefix: str) -> float
 
     start = time.perf_counter()
     for i, r in enumerate(requests):
-        engine.add_request(f"{prefix}-{i}", {"prompt_token_ids": r.prompt},
-                           SamplingParams(max_tokens=r.output_len, ignore_eos=True, temperature=0.0))
+        params = SamplingParams(max_tokens=r.output_len, ignore_eos=True, temperature=0.0)
+        engine.add_request(engine.input_processor.process_inputs(f"{prefix}-{i}", {"prompt_token_ids": r.prompt},
+                                                                 params))
     while engine.has_unfinished_requests():
         engine.step()
     return time.perf_counter() - start
