@@ -197,10 +197,6 @@ def test_parse_lscpu():
 def test_servelab_offline_loops_drive_a_real_engine_to_the_end():
     """generate_offline / servelab_decode (the offline and decode rows) on a real LLMEngine over the stub executor:
     every request runs to its length and the engine ends empty, with every block free."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
     from stub_engine import make_engine
 
     from servelab.bench.datasets import BenchRequest
