@@ -26,6 +26,18 @@ class LoadBalancer:
             self._next -= 1
         self._next = self._next % len(self.instances) if self.instances else 0
 
+    @property
+    def picks_in_turn(self) -> bool:
+        """Whether whom the router picks depends only on the order of picks (round-robin), not on load."""
+        return self.policy == "round-robin"
+
+    def picks_before(self, instance: Loaded) -> int:
+        """Round-robin: how many picks come before the next one of instance (one of the instances),
+        while the instances stay as they are."""
+        if not self.picks_in_turn:
+            raise ValueError(f"the {self.policy} router picks by load: its turns are not known in advance")
+        return (self.instances.index(instance) - self._next) % len(self.instances)
+
     def pick(self) -> Loaded:
         if self.policy == "least-loaded":
             # ties go to the lowest index, so runs are deterministic

@@ -8,6 +8,7 @@ so no request is lost.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -93,8 +94,9 @@ class Pool:
             role=self.role, num_ready=n, num_starting=len(self.starting),
             num_waiting=sum(i.core.scheduler.num_waiting for i in ready) / n,
             kv_usage=sum(i.core.scheduler.block_manager.usage for i in ready) / n,
-            mean_ttft_s=sum(self.ttfts) / len(self.ttfts) if self.ttfts else None,
-            mean_tpot_s=sum(self.tpots) / len(self.tpots) if self.tpots else None)
+            # fsum: exact whatever the order the instances' finishes were recorded in
+            mean_ttft_s=math.fsum(self.ttfts) / len(self.ttfts) if self.ttfts else None,
+            mean_tpot_s=math.fsum(self.tpots) / len(self.tpots) if self.tpots else None)
 
     def start(self, now: float) -> Instance:
         instance = self.make_instance(self.role, now)

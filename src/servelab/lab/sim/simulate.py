@@ -128,6 +128,7 @@ class _Simulation:
         # Placeholder prompts of each length, shared: nothing writes a request's prompt token ids.
         self.prompts: dict[int, list[int]] = {}
         self.transfer_landings: list[float] = []  # min-heap of in-flight KV transfers' landing times
+        self.ready_times: list[float] = []  # min-heap of when booting replicas join their router
         self.kv_transfer_times: list[float] = []
         # KV crosses NVLink inside a node, the per-GPU NIC between nodes.
         link = (d.device.interconnect_bandwidth_per_direction if d.num_gpus <= d.device.gpus_per_node
@@ -166,6 +167,7 @@ class _Simulation:
                 instance.admit_handed_over(request)
                 self._wake(instance, time)
             elif kind == _READY:
+                heapq.heappop(self.ready_times)
                 self.pools[payload.role].mark_ready(payload)
             elif kind == _TICK:
                 self._tick(time)
@@ -173,7 +175,7 @@ class _Simulation:
                     self.next_tick = time + self.autoscaler.interval_s
                     heapq.heappush(self.heap, (self.next_tick, _TICK, next(self.seq), None))
             else:
-                self._step(payload, time, arrivals[index].arrival_time if index < num else math.inf)
+                self._step(payload, time, index)
         requests = [self.finished[i] for i in range(num)]
         return SimulationResult(self.d, self.workload, self.memory, self.instances, requests, self.kv_transfer_times,
                                 self.finished_on, self.request_transfer_s, self.scale_samples)
@@ -185,6 +187,7 @@ class _Simulation:
             if desired > metrics.num_replicas:
                 for _ in range(desired - metrics.num_replicas):
                     instance = pool.start(now)
+                    heapq.heappush(self.ready_times, now + self.scaling.startup_s)
                     heapq.heappush(self.heap, (now + self.scaling.startup_s, _READY, next(self.seq), instance))
             elif desired < metrics.num_replicas:
                 pool.shrink(metrics.num_replicas - desired, now)
@@ -215,10 +218,11 @@ class _Simulation:
             instance.busy = True
             heapq.heappush(self.heap, (time, _STEP, next(self.seq), instance))
 
-    def _step(self, instance: Instance, now: float, next_arrival: float) -> None:
+    def _step(self, instance: Instance, now: float, next_index: int) -> None:
+        """next_index: the workload's first request that has not arrived yet."""
         self._retire(instance, instance.pending_finished)
         instance.pending_finished = []
-        horizon = self._horizon(instance, next_arrival)
+        horizon = self._horizon(instance, next_index)
         end = instance.step(now, horizon) if instance.has_unfinished_requests() else None
         # Steps (or runs) that end before the horizon are invisible from outside until then, so the
         # instance carries on without a trip through the heap; so are finishes before the horizon. Not
@@ -250,15 +254,32 @@ class _Simulation:
             instance.num_outstanding -= 1
             self._finish(instance, request, request.times.finished)
 
-    def _horizon(self, instance: Instance, next_arrival: float) -> float:
-        """Earliest time a new request could reach the instance: any arrival (the router may pick it),
-        or for a decode instance a KV transfer, which lands after some prefill step ends."""
+    def _horizon(self, instance: Instance, next_index: int) -> float:
+        """Earliest time a new request could reach the instance: the next arrival the router may send
+        it, or for a decode instance a KV transfer, which lands after some prefill step ends (or after a
+        step an arrival starts on an idle prefill instance)."""
         # An autoscaler's scrape reads every instance's gauges, so runs stop there too.
         if instance.role != "decode":
-            return min(next_arrival, self.next_tick)
+            return min(self._next_arrival_for(instance, next_index), self.next_tick)
         prefill_ends = min(inst.next_step_time for inst in self.front)
         landing = self.transfer_landings[0] if self.transfer_landings else math.inf
-        return min(next_arrival, prefill_ends, landing, self.next_tick)
+        return min(self._arrival_time(next_index), prefill_ends, landing, self.next_tick)
+
+    def _next_arrival_for(self, instance: Instance, next_index: int) -> float:
+        """When the next request the router sends to instance arrives, as far as it is known now. A
+        round-robin router's turns are fixed until its instances change: at a scrape (a horizon anyway)
+        or when a booting replica joins. A least-loaded router picks by every instance's load at the
+        time, so any arrival may be this instance's."""
+        balancer = self.front_balancer
+        if not balancer.picks_in_turn:
+            return self._arrival_time(next_index)
+        if instance not in balancer.instances:  # draining: the router sends it nothing more
+            return math.inf
+        joins = self.ready_times[0] if self.ready_times else math.inf
+        return min(self._arrival_time(next_index + balancer.picks_before(instance)), joins)
+
+    def _arrival_time(self, index: int) -> float:
+        return self.workload[index].arrival_time if index < len(self.workload) else math.inf
 
     def _finish(self, instance: Instance, request: Request, now: float) -> None:
         index = int(request.request_id)
