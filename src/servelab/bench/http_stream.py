@@ -112,7 +112,7 @@ async def request(method: str, url: str, headers: dict[str, str], body: bytes = 
         raise HTTPStreamError("ConnectError", str(exc) or type(exc).__name__) from None
     try:
         head = [f"{method} {endpoint.target} HTTP/1.1", f"Host: {endpoint.host_header}", "Connection: close",
-                *((f"Content-Type: application/json", f"Content-Length: {len(body)}") if body else ()),
+                *(("Content-Type: application/json", f"Content-Length: {len(body)}") if body else ()),
                 *(f"{k}: {v}" for k, v in headers.items())]
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
         status, response_headers = await _read_head(reader)
