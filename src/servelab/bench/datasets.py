@@ -34,7 +34,7 @@ class BenchRequest:
 
 def load_tokenizer(model_or_path: str | Path | None) -> Tokenizer:
     """The tokenizer of a model folder, a .gguf file, or (None) the default model."""
-    from servelab.model.loader import resolve_model_path
+    from servelab.model.model_path import resolve_model_path  # torch-free: the client never imports torch
 
     return Tokenizer.from_pretrained(resolve_model_path(model_or_path))
 

@@ -102,23 +102,34 @@ class Job:
 
     async def outputs(self, watch_disconnect: bool = False) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, latest snapshot) as they change, until every request finished. Raises
-        OpenAIError on timeout or engine failure, ClientDisconnected when watching and the client left."""
+        OpenAIError on timeout or engine failure, ClientDisconnected when watching and the client left.
+
+        The streams' news is taken as it arrives (their listener), not by a task per stream: the slow-reader
+        check and the ticket see every snapshot even while this generator's consumer is blocked writing."""
         latest: dict[int, RequestOutput] = {}
         errors: list[BaseException] = []
         wake = asyncio.Event()
-        client_gone = False
+        client_gone = timed_out = False
 
-        async def pump(index: int, stream: RequestStream) -> None:
-            try:
-                async for out in stream:
+        def listener(index: int, stream: RequestStream):
+            def take_news() -> None:
+                try:
+                    out = stream.take()
+                    if out is None:
+                        return
                     if any(c.token_ids for c in out.outputs):
                         self.ticket.started(index)
                     latest[index] = out
-                    wake.set()
                     self._check_unsent(index, out)
-            except Exception as exc:
-                errors.append(exc)
+                except Exception as exc:
+                    errors.append(exc)
                 wake.set()
+            return take_news
+
+        def on_deadline() -> None:
+            nonlocal timed_out
+            timed_out = True
+            wake.set()
 
         async def watch() -> None:
             nonlocal client_gone
@@ -127,9 +138,13 @@ class Job:
             client_gone = True
             wake.set()
 
-        self._tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self.streams)]
+        for index, stream in enumerate(self.streams):
+            stream.listener = listener(index, stream)
+            stream.listener()  # what came before this generator started
         if watch_disconnect:
             self._tasks.append(asyncio.create_task(watch()))
+        deadline = None if self.ctx.deadline is None else asyncio.get_running_loop().call_at(self.ctx.deadline,
+                                                                                             on_deadline)
         remaining = set(range(len(self.streams)))
         try:
             while remaining:
@@ -138,10 +153,12 @@ class Job:
                 if client_gone:
                     raise ClientDisconnected()
                 if not latest:
+                    if timed_out:
+                        raise asyncio.TimeoutError()
                     wake.clear()
-                    await self._wait(wake.wait())
+                    await wake.wait()
                     continue
-                items = sorted(latest.items())
+                items = sorted(latest.items()) if len(latest) > 1 else list(latest.items())
                 latest.clear()
                 for index, out in items:
                     self.final[index] = out
@@ -156,6 +173,10 @@ class Job:
             self.abort_unfinished()
             raise request_timeout(self.ctx.timeout_s) from exc
         finally:
+            if deadline is not None:
+                deadline.cancel()
+            for stream in self.streams:
+                stream.listener = None
             self._cancel_tasks()
 
     def _check_unsent(self, index: int, out: RequestOutput) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
 
 from servelab.outputs import RequestOutput
 
@@ -10,13 +11,17 @@ class RequestStream:
     """The event-loop side of one request: an async iterator of cumulative RequestOutput snapshots.
 
     Only the latest snapshot is kept, so a slow consumer skips intermediate ones and memory stays
-    bounded; the finished snapshot is never skipped. All methods run on the event loop."""
+    bounded; the finished snapshot is never skipped. All methods run on the event loop.
+
+    A consumer that serves many requests (a Job) may instead set `listener`: it is called, on the loop,
+    each time news arrives, and takes the news with take() -- no task and no wake-up per token."""
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
         self.request_id = request_id
         self.accepted: asyncio.Future[None] = loop.create_future()
         self.first_token_time: float | None = None
         self.done = False  # the consumer has seen the end (finished output or error)
+        self.listener: Callable[[], None] | None = None  # must not raise: it runs inside the engine's dispatch
         self._latest: RequestOutput | None = None
         self._error: BaseException | None = None
         self._event = asyncio.Event()
@@ -30,29 +35,42 @@ class RequestStream:
         if token_time is not None and self.first_token_time is None:
             self.first_token_time = token_time
         self._latest = output
-        self._event.set()
+        self._notify()
 
     def on_error(self, error: BaseException) -> None:
         if not self.accepted.done():
             self.accepted.set_exception(error)
             self.accepted.exception()  # mark retrieved: a rejection awaited by nobody is not a bug
         self._error = error
-        self._event.set()
+        self._notify()
+
+    def _notify(self) -> None:
+        if self.listener is not None:
+            self.listener()
+        else:
+            self._event.set()
 
     # ---- consumed by the request handler
+    def take(self) -> RequestOutput | None:
+        """The latest snapshot not taken yet (None when there is none); raises the error once it ends in one."""
+        if self._latest is not None:
+            output, self._latest = self._latest, None
+            if output.finished:
+                self.done = True
+            return output
+        if self._error is not None and not self.done:
+            self.done = True
+            raise self._error
+        return None
+
     def __aiter__(self) -> "RequestStream":
         return self
 
     async def __anext__(self) -> RequestOutput:
         while True:
-            if self._latest is not None:
-                output, self._latest = self._latest, None
-                if output.finished:
-                    self.done = True
+            output = self.take()
+            if output is not None:
                 return output
-            if self._error is not None and not self.done:
-                self.done = True
-                raise self._error
             if self.done:
                 raise StopAsyncIteration
             self._event.clear()

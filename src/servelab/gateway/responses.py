@@ -8,7 +8,7 @@ from typing import AsyncIterator, Iterator
 from servelab.gateway.errors import OpenAIError
 from servelab.gateway.job import Job
 from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest
-from servelab.gateway.sse import SSE_DONE, sse_event
+from servelab.gateway.sse import SSE_DONE, ChunkFrames, sse_event
 from servelab.model.tokenizer import Tokenizer
 from servelab.outputs import CompletionOutput, RequestOutput, TokenLogprob
 
@@ -49,7 +49,7 @@ class ResponseBuilder:
 
     async def completion_stream(self, job: Job, req: CompletionRequest) -> AsyncIterator[bytes]:
         head = {"id": job.request_id, "object": "text_completion", "created": int(time.time()), "model": job.model}
-        tail = {"usage": None} if req.include_usage else {}
+        frames = ChunkFrames(head, {"usage": None} if req.include_usage else {})
         states = [_ChoiceState() for _ in range(len(job.requests) * job.params.n)]
         try:
             async for i, out in job.outputs():
@@ -60,7 +60,7 @@ class ResponseBuilder:
                     choice = {"index": index, "text": text,
                               "logprobs": self._completion_logprobs(logprobs, state) if req.logprobs is not None
                               else None, "finish_reason": _finish_reason(c), "stop_reason": c.stop_reason}
-                    yield sse_event({**head, "choices": [choice], **tail})
+                    yield frames.frame(choice)
             async for frame in self._stream_end(job, req.include_usage, head):
                 yield frame
         except OpenAIError as exc:
@@ -70,19 +70,19 @@ class ResponseBuilder:
     async def chat_stream(self, job: Job, req: ChatCompletionRequest) -> AsyncIterator[bytes]:
         head = {"id": job.request_id, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": job.model}
-        tail = {"usage": None} if req.include_usage else {}
+        frames = ChunkFrames(head, {"usage": None} if req.include_usage else {})
         states = [_ChoiceState() for _ in range(job.params.n)]
         try:
             for index in range(job.params.n):
                 choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                           "finish_reason": None}
-                yield sse_event({**head, "choices": [choice], **tail})
+                yield frames.frame(choice)
             async for i, out in job.outputs():
                 for index, c, state, text, logprobs in self._deltas(job, i, out, states):
                     choice = {"index": index, "delta": {"content": text} if text or logprobs else {},
                               "logprobs": self._chat_logprobs(logprobs) if req.logprobs else None,
                               "finish_reason": _finish_reason(c), "stop_reason": c.stop_reason}
-                    yield sse_event({**head, "choices": [choice], **tail})
+                    yield frames.frame(choice)
             async for frame in self._stream_end(job, req.include_usage, head):
                 yield frame
         except OpenAIError as exc:
