@@ -158,7 +158,7 @@ class Job:
                     wake.clear()
                     await wake.wait()
                     continue
-                items = sorted(latest.items()) if len(latest) > 1 else list(latest.items())
+                items = sorted(latest.items())
                 latest.clear()
                 for index, out in items:
                     self.final[index] = out
