@@ -54,17 +54,40 @@ def test_rope_and_cache(cache_dtype):
     assert flat[:, untouched].abs().sum() == 0
 
 
+# (heads, kv_heads, head_dim, block_size, context lengths): few sequences take one task per KV head,
+# many (at least two per thread) one task per sequence; contexts cover whole and partial 8-token chunks,
+# the K prefetch two chunks ahead (over 24 tokens), group sizes of 1-4 and head_dims with a 32-value tail.
+ATTENTION_SHAPES = [
+    (6, 2, 16, 4, [11, 2, 12]),
+    (9, 3, 64, 16, [140, 1, 8, 23, 24, 25, 64, 97, 3]),
+    (8, 2, 40, 8, [33, 7, 16, 50, 1, 9]),
+    (4, 4, 32, 16, [5, 40, 17, 31, 64]),
+    (8, 1, 64, 16, [70]),
+]
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def torch_threads(request):
+    """Sequences per thread decide the kernel's task split: run both splits whatever the machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
-def test_paged_decode_attention_matches_reference(cache_dtype):
+@pytest.mark.parametrize("heads,kv_heads,hd,block,lens", ATTENTION_SHAPES)
+def test_paged_decode_attention_matches_reference(cache_dtype, heads, kv_heads, hd, block, lens, torch_threads):
     torch.manual_seed(0)
-    heads, kv_heads, hd, block = 6, 2, 16, 4
-    cache = torch.randn(2, 10, block, kv_heads, hd).to(cache_dtype)
-    tables = torch.tensor([[3, 7, 1], [9, 0, 0], [2, 4, 6]])
-    lens = torch.tensor([11, 2, 12])
-    q = torch.randn(3, heads * hd)
-    mask = (torch.arange(3 * block)[None] < lens[:, None])[:, None, None, :]
-    meta = AttentionMetadata(torch.zeros(0, dtype=torch.long), 3, tables, mask, lens, [])
-    expected = decode_attention(q.view(3, heads, hd), cache, meta).reshape(3, -1)
+    max_blocks = -(-max(lens) // block)
+    num_blocks = len(lens) * max_blocks + 3
+    cache = torch.randn(2, num_blocks, block, kv_heads, hd).to(cache_dtype)
+    tables = torch.randperm(num_blocks)[:len(lens) * max_blocks].view(len(lens), max_blocks)
+    lens = torch.tensor(lens)
+    q = torch.randn(len(lens), heads * hd)
+    mask = (torch.arange(max_blocks * block)[None] < lens[:, None])[:, None, None, :]
+    meta = AttentionMetadata(torch.zeros(0, dtype=torch.long), len(lens), tables, mask, lens, [])
+    expected = decode_attention(q.view(len(lens), heads, hd), cache, meta).reshape(len(lens), -1)
     torch.testing.assert_close(ops.paged_decode_attention(q, cache, tables, lens, heads), expected,
                                rtol=1e-4, atol=1e-5)
 

@@ -14,7 +14,7 @@
 namespace servelab {
 namespace {
 
-using rowops::decode_attention_task;
+using rowops::decode_attention_heads;
 using rowops::load8;
 using rowops::norm_row;
 using rowops::write_cache;
@@ -111,13 +111,29 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
     using scalar_t = decltype(tag);
     const scalar_t* k_cache = kv_cache.data_ptr<scalar_t>();
     const scalar_t* v_cache = k_cache + cache_half;
+    const float* qp = q.data_ptr<float>();
+    float* op = out.data_ptr<float>();
+    if (D >= 2 * at::get_num_threads()) {
+      // One task per sequence: a token's K and V rows are read whole, across all KV heads.
+      at::parallel_for(0, D, 1, [&](int64_t b, int64_t e) {
+        std::vector<float> scores;
+        std::vector<const scalar_t*> rows;
+        for (int64_t seq = b; seq < e; ++seq)
+          decode_attention_heads(qp + seq * q.stride(0), k_cache, v_cache, tables + seq * max_blocks, lens[seq],
+                                 block_size, num_kv_heads, hd, group, 0, num_kv_heads, scale,
+                                 op + seq * num_heads * hd, scores, rows);
+      });
+      return;
+    }
+    // Few sequences: one task per (sequence, KV head), so that every thread has work.
     at::parallel_for(0, D * num_kv_heads, 1, [&](int64_t b, int64_t e) {
       std::vector<float> scores;
+      std::vector<const scalar_t*> rows;
       for (int64_t task = b; task < e; ++task) {
         const int64_t seq = task / num_kv_heads, h = task % num_kv_heads;
-        decode_attention_task(q.data_ptr<float>() + seq * q.stride(0) + h * group * hd, k_cache, v_cache,
-                              tables + seq * max_blocks, lens[seq], block_size, num_kv_heads, hd, group, h, scale,
-                              out.data_ptr<float>() + seq * num_heads * hd + h * group * hd, scores);
+        decode_attention_heads(qp + seq * q.stride(0), k_cache, v_cache, tables + seq * max_blocks, lens[seq],
+                               block_size, num_kv_heads, hd, group, h, h + 1, scale, op + seq * num_heads * hd,
+                               scores, rows);
       }
     });
   });

@@ -171,6 +171,7 @@ at::Tensor DecodeRunner::forward(int64_t token, int64_t position, int64_t slot, 
     // rows of up (at their row index in gate_up), attention scores.
     GemvInput in(std::max({H, q_size, inter}));
     std::vector<float> residual(H, 0.f), normed(H), up(2 * inter), scores;
+    std::vector<const at::BFloat16*> kv_rows;
 
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& layer = layers_[l];
@@ -191,8 +192,8 @@ at::Tensor DecodeRunner::forward(int64_t token, int64_t position, int64_t slot, 
         rowops::rope_rotate(k, cos, sin, hd);
         rowops::write_cache(k_cache + slot * kv_size + h * hd, k, hd);
         rowops::write_cache(v_cache + slot * kv_size + h * hd, k + kv_size, hd);
-        rowops::decode_attention_task(q, k_cache, v_cache, table, context, block_size, num_kv_heads_, hd, group, h,
-                                      scale, attn.data() + h * group * hd, scores);
+        rowops::decode_attention_heads(qkv.data(), k_cache, v_cache, table, context, block_size, num_kv_heads_, hd,
+                                       group, h, h + 1, scale, attn.data(), scores, kv_rows);
       }
 #pragma omp barrier
       gemv_rows(layer.o, layer.o_type, attn.data(), q_size, o.data(), h_b, h_e, in);

@@ -92,32 +92,156 @@ inline void rope_rotate(float* x, const float* c, const float* s, int64_t hd) {
   }
 }
 
-// One KV head's query group of one sequence: softmax(q k^T * scale) v over its paged context.
+// Eight dot products q . k_j (j = 0..7) of length n (a multiple of 8), as one vector of eight sums:
+// eight independent FMA chains, then one horizontal-add tree instead of eight horizontal sums.
 template <typename T>
-inline void decode_attention_task(const float* q, const T* k_cache, const T* v_cache, const int64_t* table,
-                           int64_t context, int64_t block_size, int64_t num_kv_heads, int64_t head_dim,
-                           int64_t group, int64_t kv_head, float scale, float* out, std::vector<float>& scores) {
-  scores.resize(group * context);
-  const int64_t token_stride = num_kv_heads * head_dim;
-  for (int64_t pos = 0; pos < context; ++pos) {
-    const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
-    const T* k = k_cache + slot * token_stride + kv_head * head_dim;
-    for (int64_t g = 0; g < group; ++g) scores[g * context + pos] = dot(q + g * head_dim, k, head_dim) * scale;
+inline __m256 dot8(const float* q, const T* const* k, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  for (int64_t d = 0; d < n; d += 8) {
+    const __m256 qv = load8(q + d);
+    a0 = _mm256_fmadd_ps(qv, load8(k[0] + d), a0);
+    a1 = _mm256_fmadd_ps(qv, load8(k[1] + d), a1);
+    a2 = _mm256_fmadd_ps(qv, load8(k[2] + d), a2);
+    a3 = _mm256_fmadd_ps(qv, load8(k[3] + d), a3);
+    a4 = _mm256_fmadd_ps(qv, load8(k[4] + d), a4);
+    a5 = _mm256_fmadd_ps(qv, load8(k[5] + d), a5);
+    a6 = _mm256_fmadd_ps(qv, load8(k[6] + d), a6);
+    a7 = _mm256_fmadd_ps(qv, load8(k[7] + d), a7);
   }
-  for (int64_t g = 0; g < group; ++g) {
-    float* s = scores.data() + g * context;
-    float mx = s[0];
-    for (int64_t i = 1; i < context; ++i) mx = std::max(mx, s[i]);
-    float sum = 0.f;
-    for (int64_t i = 0; i < context; ++i) sum += (s[i] = std::exp(s[i] - mx));
-    const float inv = 1.f / sum;
-    for (int64_t i = 0; i < context; ++i) s[i] *= inv;
-    std::memset(out + g * head_dim, 0, head_dim * sizeof(float));
+  // hadd pairs: lanes hold partial sums of (0,1,2,3) in each 128-bit half, then of (4,5,6,7).
+  const __m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
+  const __m256 h45 = _mm256_hadd_ps(a4, a5), h67 = _mm256_hadd_ps(a6, a7);
+  const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+  // h0123 = [s0l s1l s2l s3l | s0h s1h s2h s3h] (low/high 128-bit halves of each chain)
+  const __m256 lo = _mm256_permute2f128_ps(h0123, h4567, 0x20), hi = _mm256_permute2f128_ps(h0123, h4567, 0x31);
+  return _mm256_add_ps(lo, hi);
+}
+
+// Softmax of s[0..n) in place (vectorised max, exp and sum; exp8 is within 2 ulp of std::exp).
+inline void softmax_inplace(float* s, int64_t n) {
+  int64_t i = 0;
+  __m256 mx8 = _mm256_set1_ps(-INFINITY);
+  for (; i + 8 <= n; i += 8) mx8 = _mm256_max_ps(mx8, _mm256_loadu_ps(s + i));
+  float lanes[8];
+  _mm256_storeu_ps(lanes, mx8);
+  float mx = lanes[0];
+  for (int k = 1; k < 8; ++k) mx = std::max(mx, lanes[k]);
+  for (; i < n; ++i) mx = std::max(mx, s[i]);
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256 sum8 = _mm256_setzero_ps();
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), m));
+    _mm256_storeu_ps(s + i, e);
+    sum8 = _mm256_add_ps(sum8, e);
   }
+  float sum = hsum(sum8);
+  for (; i < n; ++i) sum += (s[i] = std::exp(s[i] - mx));
+  const float inv = 1.f / sum;
+  const __m256 inv8 = _mm256_set1_ps(inv);
+  for (i = 0; i + 8 <= n; i += 8) _mm256_storeu_ps(s + i, _mm256_mul_ps(_mm256_loadu_ps(s + i), inv8));
+  for (; i < n; ++i) s[i] *= inv;
+}
+
+// out_g[0..n) = sum_j w_g[j] * v_j[0..n) for NG query heads g sharing one KV head (w_g = w + g * w_stride,
+// out_g = out + g * n): each V row is read once for all NG heads, 32 values at a time in 4 * NG registers.
+template <int NG, typename T>
+inline void weighted_sum_group(const float* w, int64_t w_stride, const T* const* v, int64_t count, float* out,
+                               int64_t n) {
+  int64_t d0 = 0;
+  for (; d0 + 32 <= n; d0 += 32) {
+    __m256 acc[NG][4];
+    for (int g = 0; g < NG; ++g)
+      for (int i = 0; i < 4; ++i) acc[g][i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < count; ++j) {
+      const T* vj = v[j] + d0;
+      const __m256 v0 = load8(vj), v1 = load8(vj + 8), v2 = load8(vj + 16), v3 = load8(vj + 24);
+      for (int g = 0; g < NG; ++g) {
+        const __m256 wj = _mm256_broadcast_ss(w + g * w_stride + j);
+        acc[g][0] = _mm256_fmadd_ps(wj, v0, acc[g][0]);
+        acc[g][1] = _mm256_fmadd_ps(wj, v1, acc[g][1]);
+        acc[g][2] = _mm256_fmadd_ps(wj, v2, acc[g][2]);
+        acc[g][3] = _mm256_fmadd_ps(wj, v3, acc[g][3]);
+      }
+    }
+    for (int g = 0; g < NG; ++g)
+      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + g * n + d0 + 8 * i, acc[g][i]);
+  }
+  for (; d0 < n; d0 += 8) {
+    for (int g = 0; g < NG; ++g) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t j = 0; j < count; ++j)
+        acc = _mm256_fmadd_ps(_mm256_broadcast_ss(w + g * w_stride + j), load8(v[j] + d0), acc);
+      _mm256_storeu_ps(out + g * n + d0, acc);
+    }
+  }
+}
+
+template <int HINT>
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(static_cast<const char*>(p) + b, static_cast<_mm_hint>(HINT));
+}
+
+// Decode attention of one sequence's KV heads [h_begin, h_end) over its paged context: for each of
+// their query heads (group per KV head), softmax(q k^T * scale) v. q, out: that sequence's
+// num_kv_heads * group heads of head_dim. K is read eight tokens at a time across the KV heads taken
+// (a token's row is contiguous in the cache, so are a block's rows), with K rows prefetched two chunks
+// ahead (blocks are scattered: the hardware cannot guess them) and V rows into L2 for the second
+// pass. rows and scores are scratch.
+template <typename T>
+inline void decode_attention_heads(const float* q, const T* k_cache, const T* v_cache, const int64_t* table,
+                                   int64_t context, int64_t block_size, int64_t num_kv_heads, int64_t head_dim,
+                                   int64_t group, int64_t h_begin, int64_t h_end, float scale, float* out,
+                                   std::vector<float>& scores, std::vector<const T*>& rows) {
+  const int64_t token_stride = num_kv_heads * head_dim, num_heads = (h_end - h_begin) * group;
+  scores.resize(num_heads * context);
+  rows.resize(2 * context);
+  const T** k_rows = rows.data();
+  const T** v_rows = rows.data() + context;
   for (int64_t pos = 0; pos < context; ++pos) {
-    const int64_t slot = table[pos / block_size] * block_size + pos % block_size;
-    const T* v = v_cache + slot * token_stride + kv_head * head_dim;
-    for (int64_t g = 0; g < group; ++g) axpy(scores[g * context + pos], v, out + g * head_dim, head_dim);
+    const int64_t offset = (table[pos / block_size] * block_size + pos % block_size) * token_stride + h_begin * head_dim;
+    k_rows[pos] = k_cache + offset;
+    v_rows[pos] = v_cache + offset;
+  }
+  q += h_begin * group * head_dim;
+  out += h_begin * group * head_dim;
+  const int64_t bytes = (h_end - h_begin) * head_dim * static_cast<int64_t>(sizeof(T));
+  const __m256 scale8 = _mm256_set1_ps(scale);
+  int64_t pos = 0;
+  for (; pos + 8 <= context; pos += 8) {
+    for (int64_t j = 0; j < 8; ++j) prefetch_bytes<_MM_HINT_T1>(v_rows[pos + j], bytes);
+    if (pos + 24 <= context)
+      for (int64_t j = 16; j < 24; ++j) prefetch_bytes<_MM_HINT_T0>(k_rows[pos + j], bytes);
+    for (int64_t h = 0; h < h_end - h_begin; ++h) {
+      const T* ptrs[8];
+      for (int j = 0; j < 8; ++j) ptrs[j] = k_rows[pos + j] + h * head_dim;
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t head = h * group + g;
+        _mm256_storeu_ps(scores.data() + head * context + pos,
+                         _mm256_mul_ps(dot8(q + head * head_dim, ptrs, head_dim), scale8));
+      }
+    }
+  }
+  for (; pos < context; ++pos)
+    for (int64_t head = 0; head < num_heads; ++head)
+      scores[head * context + pos] = dot(q + head * head_dim, k_rows[pos] + (head / group) * head_dim, head_dim) * scale;
+  for (int64_t head = 0; head < num_heads; ++head) softmax_inplace(scores.data() + head * context, context);
+  const T** hv = k_rows;  // the K row pointers are done with: reuse them for one KV head's V rows
+  for (int64_t h = 0; h < h_end - h_begin; ++h) {
+    for (int64_t p = 0; p < context; ++p) hv[p] = v_rows[p] + h * head_dim;
+    for (int64_t g = 0; g < group;) {
+      const float* w = scores.data() + (h * group + g) * context;
+      float* o = out + (h * group + g) * head_dim;
+      if (group - g >= 3) {
+        weighted_sum_group<3>(w, context, hv, context, o, head_dim);
+        g += 3;
+      } else if (group - g == 2) {
+        weighted_sum_group<2>(w, context, hv, context, o, head_dim);
+        g += 2;
+      } else {
+        weighted_sum_group<1>(w, context, hv, context, o, head_dim);
+        g += 1;
+      }
+    }
   }
 }
 
