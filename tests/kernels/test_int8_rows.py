@@ -74,3 +74,25 @@ def test_quantize_rows_rejects_wrong_shapes():
         ops.quantize_rows_int8(torch.randn(2, 16), torch.ones(8))
     with pytest.raises(RuntimeError, match="scales"):
         ops.dequantize_rows_int32(torch.zeros(2, 4, dtype=torch.int32), torch.ones(2, 1), torch.ones(3))
+
+
+@pytest.mark.parametrize("inter", [1536, 44, 5])  # whole 8-value groups, a tail of 4, a scalar-only row
+@pytest.mark.parametrize("smoothed", [False, True])
+def test_silu_mul_quantize_matches_the_unfused_passes(inter, smoothed):
+    """gate_up's int32 accumulators -> down_proj's int8 input in one pass, against dequantize, silu * up,
+    smooth and quantize done one after another in PyTorch: exp differs by at most 2 ulp, so a value may
+    land on the neighbouring int8 step, never further, and the row scales agree to float rounding."""
+    g = torch.Generator().manual_seed(inter)
+    m = 33
+    acc = torch.randint(-40000, 40000, (m, 2 * inter), generator=g, dtype=torch.int32)
+    row_scales = torch.rand(m, 1, generator=g) * 1e-4 + 1e-6
+    col_scales = torch.rand(2 * inter, generator=g) * 1e-2 + 1e-4
+    inv_smooth = torch.rand(inter, generator=g) + 0.05 if smoothed else None
+    y = acc.float() * row_scales * col_scales
+    h = torch.nn.functional.silu(y[:, :inter]) * y[:, inter:]
+    expected_q, expected_scale = quantize_per_token(h if inv_smooth is None else h * inv_smooth)
+    q, scale = ops.silu_mul_quantize_int8(acc, row_scales, col_scales, inv_smooth)
+    assert q.dtype == torch.int8 and q.shape == (m, inter) and scale.shape == (m, 1)
+    torch.testing.assert_close(scale, expected_scale, rtol=1e-5, atol=0)
+    assert (q.int() - expected_q.int()).abs().max() <= 1
+    assert (q != expected_q).float().mean() < 0.01  # off by one step only on near-ties

@@ -23,6 +23,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("dequantize_rows_int32", &servelab::dequantize_rows_int32, "int32 (M, N) * row scales * column scales",
         pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("silu_mul_quantize_int8", &servelab::silu_mul_quantize_int8,
+        "gate_up's int32 accumulators to silu(gate) * up as int8 rows (times 1 / smoothing), one scale each",
+        pybind11::arg("acc"), pybind11::arg("row_scales"), pybind11::arg("col_scales"),
+        pybind11::arg("inv_smooth") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<servelab::DecodeRunner>(m, "DecodeRunner", "one sequence's decode step in one call")
       .def(pybind11::init<at::Tensor, int64_t, at::Tensor, int64_t, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t,
                           double>())

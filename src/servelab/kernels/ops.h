@@ -21,6 +21,10 @@ at::Tensor dequantize_gguf(const at::Tensor& w, int64_t type, int64_t K);
 // with one scale each ({q (M, K) int8, scales (M, 1) fp32}); acc (M, N) int32 * row_scales * col_scales -> fp32.
 std::vector<at::Tensor> quantize_rows_int8(const at::Tensor& x, const c10::optional<at::Tensor>& inv_smooth);
 at::Tensor dequantize_rows_int32(const at::Tensor& acc, const at::Tensor& row_scales, const at::Tensor& col_scales);
+// gate_up's int32 accumulators (M, 2I) -> silu(gate) * up, times inv_smooth (I,) if given, as int8 rows
+// with one scale each: the MLP middle of W8A8 without fp32 intermediates.
+std::vector<at::Tensor> silu_mul_quantize_int8(const at::Tensor& acc, const at::Tensor& row_scales,
+                                               const at::Tensor& col_scales, const c10::optional<at::Tensor>& inv_smooth);
 
 // A Llama-family decoder (bf16 weights, bf16 KV cache) run one token of one sequence at a time:
 // forward() is the whole decode step up to the final norm, in one parallel region, and logits()

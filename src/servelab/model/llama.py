@@ -19,7 +19,7 @@ from servelab.kernels import cpu_ops
 from servelab.model.attention import AttentionMetadata, paged_attention, prefill_attention, write_kv
 from servelab.model.layers import (ColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RowParallelLinear,
                                    VocabParallelEmbedding, compute_dtype)
-from servelab.model.quantization import QUANTIZATION_METHODS, GGUFWeight
+from servelab.model.quantization import QUANTIZATION_METHODS, GGUFWeight, Int8Weight
 from servelab.model.smooth_quant import SMOOTHQUANT_ALPHA, smoothing_factors
 
 BF16 = 30  # ggml's type id, which DecodeRunner takes for bf16 matrices
@@ -139,7 +139,13 @@ class DecoderLayer(nn.Module):
             attn[num_decode:] = prefill_attention(qp, kv_cache, meta.prefills, num_decode).flatten(1)
         x = self.o_proj(attn)
         ops.add_rms_norm_(x, residual, norms[1], self.eps)
-        x = self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        gate_up, down = self.gate_up_proj.quantized, self.down_proj.quantized
+        if isinstance(gate_up, Int8Weight) and isinstance(down, Int8Weight):
+            # W8A8 (one rank only): int32 accumulators to down_proj's int8 input in one pass.
+            acc, x_scale = gate_up.matmul_int32(x)
+            x = down.linear_int8(*ops.silu_mul_quantize_int8(acc, x_scale, gate_up.scale, down.inv_smooth))
+        else:
+            x = self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
         return x, residual
 
 

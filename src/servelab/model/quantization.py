@@ -144,9 +144,22 @@ class Int8Weight:
             y = int8_matmul(x_q, self.qweight_t).float()
             y.mul_(x_scale).mul_(self.scale)
         else:
-            x_q, x_scale = ops.quantize_rows_int8(flat, self.inv_smooth)
-            y = ops.dequantize_rows_int32(int8_matmul(x_q, self.qweight_t), x_scale, self.scale)
+            y = self.linear_int8(*ops.quantize_rows_int8(flat, self.inv_smooth))
         return y.view(*x.shape[:-1], self.qweight_t.shape[1])
+
+    def matmul_int32(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (M, K) fp32 quantized per row (servelab's kernel) times the int8 weight: the int32 accumulators
+        (M, N) and the rows' scales (M, 1), for a caller that fuses what follows (silu_mul_quantize_int8)."""
+        from servelab.kernels import cpu_ops
+
+        x_q, x_scale = cpu_ops().quantize_rows_int8(x, self.inv_smooth)
+        return int8_matmul(x_q, self.qweight_t), x_scale
+
+    def linear_int8(self, x_q: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
+        """Already-quantized rows (M, K) int8 with scales (M, 1) times the weight: fp32 (M, N)."""
+        from servelab.kernels import cpu_ops
+
+        return cpu_ops().dequantize_rows_int32(int8_matmul(x_q, self.qweight_t), x_scale, self.scale)
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
