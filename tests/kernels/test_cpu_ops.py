@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from servelab.kernels import cpu_ops
-from servelab.model.attention import AttentionMetadata, decode_attention
+from servelab.model.attention import AttentionMetadata, PrefillChunk, decode_attention, prefill_attention
 from servelab.model.llama import _rotate_half, rms_norm
 
 ops = cpu_ops()
@@ -95,3 +95,51 @@ def test_paged_decode_attention_matches_reference(cache_dtype, heads, kv_heads, 
 def test_silu_and_mul():
     x = torch.randn(3, 10)
     torch.testing.assert_close(ops.silu_and_mul(x), F.silu(x[:, :5]) * x[:, 5:])
+
+
+# (heads, kv_heads, head_dim, block_size, chunks as (new tokens, cached tokens before them))
+PREFILL_SHAPES = [
+    (9, 3, 64, 16, [(128, 0), (5, 0), (37, 90), (1, 16), (16, 0)]),
+    (4, 4, 16, 4, [(3, 0), (21, 7), (64, 1)]),
+    (8, 2, 32, 8, [(200, 0)]),
+]
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,hd,block,chunks", PREFILL_SHAPES)
+def test_prefill_attention_matches_reference(cache_dtype, heads, kv_heads, hd, block, chunks, torch_threads):
+    """Chunks after other chunks and after cached context (chunked prefill, prefix-cache hits), rows and
+    contexts that fill no whole tile, against attention.py's SDPA reference; the q rows have a row stride
+    wider than the heads (as a view into qkv)."""
+    torch.manual_seed(0)
+    num_blocks = sum(-(-(n + c) // block) for n, c in chunks) + 2
+    cache = torch.randn(2, num_blocks, block, kv_heads, hd).to(cache_dtype)
+    free = torch.randperm(num_blocks).tolist()
+    prefills, start = [], 0
+    for n, cached in chunks:
+        need = -(-(n + cached) // block)
+        table, free = torch.tensor(free[:need]), free[need:]
+        prefills.append(PrefillChunk(start, n, cached, table))
+        start += n
+    qkv = torch.randn(start, (heads + 2 * kv_heads) * hd)
+    q = qkv[:, :heads * hd]
+    meta = AttentionMetadata(torch.zeros(0, dtype=torch.long), 0, None, None, None, prefills)
+    expected = prefill_attention(q.reshape(start, heads, hd), cache, prefills, 0).reshape(start, -1)
+    got = ops.prefill_attention(q, cache, *meta.packed_prefills(), heads)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_prefill_attention_is_the_same_however_the_prompt_is_chunked():
+    """A row's output depends only on its own keys, in a fixed order: one 70-token chunk and the same
+    prompt as 33 + 37 tokens (the second after 33 cached) give bit-identical rows."""
+    torch.manual_seed(1)
+    heads, kv_heads, hd, block = 6, 2, 32, 16
+    cache = torch.randn(2, 8, block, kv_heads, hd).to(torch.bfloat16)
+    table = torch.tensor([5, 2, 7, 0, 3])
+    q = torch.randn(70, heads * hd)
+    whole = AttentionMetadata(torch.zeros(0, dtype=torch.long), 0, None, None, None, [PrefillChunk(0, 70, 0, table)])
+    first = AttentionMetadata(torch.zeros(0, dtype=torch.long), 0, None, None, None, [PrefillChunk(0, 33, 0, table)])
+    second = AttentionMetadata(torch.zeros(0, dtype=torch.long), 0, None, None, None, [PrefillChunk(0, 37, 33, table)])
+    at_once = ops.prefill_attention(q, cache, *whole.packed_prefills(), heads)
+    assert torch.equal(ops.prefill_attention(q[:33], cache, *first.packed_prefills(), heads), at_once[:33])
+    assert torch.equal(ops.prefill_attention(q[33:], cache, *second.packed_prefills(), heads), at_once[33:])

@@ -12,6 +12,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("paged_decode_attention", &servelab::paged_decode_attention, "one query token per sequence over paged KV",
         pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("prefill_attention", &servelab::prefill_attention,
+        "causal attention of prefill chunks over their paged context (fp32 q rows, bf16 or fp32 cache)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("silu_and_mul", &servelab::silu_and_mul, "silu(x[:, :I]) * x[:, I:]",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("linear_gguf", &servelab::linear_gguf, "x @ w.T with w in GGUF quantized blocks, fp32 x and y",

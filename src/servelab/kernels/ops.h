@@ -13,6 +13,11 @@ void rope_and_cache_(at::Tensor& qkv, const at::Tensor& positions, const at::Ten
                      int64_t num_heads, int64_t num_kv_heads, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, int64_t num_heads);
+// q (T, H * hd) fp32 rows of prefill chunks c starting at row starts[c] (num_tokens[c] rows, after
+// num_computed[c] cached tokens), block_tables (C, max_blocks): causal attention (prefill_attention.cpp).
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& starts,
+                             const at::Tensor& num_tokens, const at::Tensor& num_computed,
+                             const at::Tensor& block_tables, int64_t num_heads);
 at::Tensor silu_and_mul(const at::Tensor& x);
 // x (M, K) fp32 @ W.T with W (N, row bytes) uint8 in GGUF blocks of ggml type `type` (linear_quant.cpp).
 at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& w, int64_t type);

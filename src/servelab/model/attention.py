@@ -28,6 +28,23 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None  # (num_decodes, 1, 1, max_blocks * block_size) bool, True = attend
     decode_context_lens: torch.Tensor | None  # (num_decodes,) int64
     prefills: list[PrefillChunk]
+    _packed_prefills: tuple | None = None
+
+    def packed_prefills(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The prefill chunks as the CPU kernel takes them, built once per step: row starts (counted from
+        the first prefill row), token counts, cached-token counts, and block tables padded to one width."""
+        if self._packed_prefills is None:
+            chunks = self.prefills
+            width = max(len(c.block_table) for c in chunks)
+            tables = torch.zeros(len(chunks), width, dtype=torch.int64)
+            for row, chunk in zip(tables, chunks):
+                row[:len(chunk.block_table)] = chunk.block_table
+            offset = self.num_decode_tokens
+            self._packed_prefills = (torch.tensor([c.start - offset for c in chunks], dtype=torch.int64),
+                                     torch.tensor([c.num_tokens for c in chunks], dtype=torch.int64),
+                                     torch.tensor([c.num_computed_tokens for c in chunks], dtype=torch.int64),
+                                     tables)
+        return self._packed_prefills
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -135,8 +135,12 @@ class DecoderLayer(nn.Module):
             if num_decode:
                 attn[:num_decode] = ops.paged_decode_attention(
                     q[:num_decode], kv_cache, meta.decode_block_tables, meta.decode_context_lens, self.num_heads)
-            qp = q[num_decode:].reshape(-1, self.num_heads, self.head_dim)
-            attn[num_decode:] = prefill_attention(qp, kv_cache, meta.prefills, num_decode).flatten(1)
+            if self.head_dim % 16 == 0:  # servelab's tiled kernel; PyTorch's SDPA otherwise
+                attn[num_decode:] = ops.prefill_attention(q[num_decode:], kv_cache, *meta.packed_prefills(),
+                                                          self.num_heads)
+            else:
+                qp = q[num_decode:].reshape(-1, self.num_heads, self.head_dim)
+                attn[num_decode:] = prefill_attention(qp, kv_cache, meta.prefills, num_decode).flatten(1)
         x = self.o_proj(attn)
         ops.add_rms_norm_(x, residual, norms[1], self.eps)
         gate_up, down = self.gate_up_proj.quantized, self.down_proj.quantized
