@@ -28,7 +28,7 @@ def test_autoscaling_plots_follow_a_ramp_and_read_in_both_languages(open_lab, la
     page.set_viewport_size({"width": 1280, "height": 900})
     # the measured path: the shipped `bench stages` runs, one row per stage; no "measure here" without a model
     page.wait_for_function("document.getElementById('measured').dataset.status === 'ready'", timeout=TIMEOUT_MS)
-    assert page.locator("#ms-sets .ms-set").first.locator("tr[data-schedule]").count() == 3
+    assert page.locator("#ms-sets .ms-set").first.locator("tr[data-schedule]").count() == 5
     assert page.locator("#ms-actions").is_hidden()
     body = page.evaluate("window.LabPage.body()")
     replicas = run_autoscaling(page)
