@@ -23,7 +23,7 @@
     catalog: null, pending: false, inFlight: false, advising: false, debounce: null, adviseKey: null,
     simulations: 0,
     last: null, // {body, result} of the simulation the meters show
-    advice: null, adviceError: null, error: null,
+    advice: null, adviceError: null, adviceBody: null, error: null,
     walk: null, // {stage, from} while a clicked card's simulation runs
     walkView: null, // {stage, from, to} the step-by-step panel explains
   };
@@ -604,7 +604,9 @@
     // The advisor searches continuous-batching shapes: give it the engine's default slots unless the page uses them.
     if (body.schedule !== "continuous") out.max_num_seqs = null;
     out.max_gpus = Math.min(state.catalog.limits.max_gpus, MAX_PAGE_GPUS);
-    return out;
+    // Once the autoscaling panel has run, the advisor answers `lab advise --autoscale ... --rate-schedule ...`
+    // for its settings: the recommended shape autoscaled over the schedule, which the GPU autoscaling line cites.
+    return { ...out, ...(window.LabAutoscale ? window.LabAutoscale.adviseFields() : null) };
   }
 
   function markAdviceStale(stale) {
@@ -615,24 +617,38 @@
   async function advise(body, key) {
     const status = $("advice-status");
     status.className = "run-status busy";
-    status.textContent = t("status.advising");
+    status.replaceChildren(window.LabI18n.keyed("status.advising")); // re-translated on a switch while it runs
     $("advice").dataset.status = "busy";
     state.advising = true;
+    let answer = null, error = null;
     try {
-      state.advice = await callLab("advise", body, status);
-      state.adviceError = null;
-      state.adviseKey = key;
-      renderAdvice();
-      $("advice").dataset.status = "ready";
+      answer = await callLab("advise", body, status);
     } catch (err) {
-      state.advice = null;
-      state.adviceError = err.message;
-      renderAdvice();
-      $("advice").dataset.status = "error";
-    } finally {
-      state.advising = false;
+      error = err.message;
     }
+    state.advising = false;
+    state.advice = answer;
+    state.adviceError = error;
+    state.adviceBody = body;
+    if (answer) state.adviseKey = key;
+    renderAdvice();
+    if (answer) $("advice").dataset.body = key;
+    $("advice").dataset.status = answer ? "ready" : "error";
     markAdviceStale(false);
+  }
+
+  // What the advisor was asked: the page's constant rate, or the autoscaling panel's schedule and autoscaler.
+  function renderAdviceScope() {
+    const scope = $("advice-scope");
+    const fields = state.adviceBody && state.adviceBody.autoscale ? state.adviceBody : null;
+    scope.hidden = !fields;
+    if (!fields) return;
+    $("advice-scope-text").textContent = t("advice.autoscaled", {
+      schedule: window.LabAutoscale.scheduleLabel(fields.rate_schedule), policy: t(`as.policy_${fields.autoscale}`),
+      max: fields.max_replicas, startup: num(fields.startup_s), cooldown: num(fields.cooldown_s) });
+    $("advice-scope-cli").textContent = `servelab lab advise --rate-schedule ${fields.rate_schedule} ` +
+      `--autoscale ${fields.autoscale} --min-replicas ${fields.min_replicas} --max-replicas ${fields.max_replicas} ` +
+      `--startup-time ${fields.startup_s} --cooldown ${fields.cooldown_s} --scale-interval ${fields.interval_s}`;
   }
 
   function gpuName(id) {
@@ -652,16 +668,18 @@
     const list = $("decisions");
     holder.replaceChildren();
     list.replaceChildren();
-    status.className = "run-status";
+    renderAdviceScope();
+    // a language switch while the advisor runs leaves its (translated) status until it answers
+    const setStatus = (text) => { if (!state.advising) { status.className = "run-status"; status.textContent = text; } };
+    setStatus("");
     if (state.adviceError) {
-      status.textContent = "";
       holder.textContent = t("advice.failed", { message: state.adviceError });
       return;
     }
     const advice = state.advice;
     if (!advice) return;
     const shapes = tn("fmt.shapes", advice.candidates.length);
-    status.textContent = t("advice.simulated", { shapes });
+    setStatus(t("advice.simulated", { shapes }));
     const rec = advice.recommendation;
     if (!rec) {
       holder.textContent = t("advice.none", { max: advice.max_gpus, shapes });
@@ -844,6 +862,8 @@
     scheduleRun(0);
   }
 
-  window.LabPage = { body: buildBody }; // the current inputs, for the autoscaling panel (autoscale.js)
+  // The current inputs, for the autoscaling panel (autoscale.js), which asks the advisor again (`readvise`) when
+  // its settings change what the advisor is asked.
+  window.LabPage = { body: buildBody, readvise: () => scheduleRun(0) };
   init();
 })();
