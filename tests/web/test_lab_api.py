@@ -163,3 +163,18 @@ def test_page_and_assets_are_served(lab_web):
         assert asset.status_code == 200 and kind in asset.headers["content-type"] and len(asset.text) > 1000
     assert httpx.get(f"{lab_web.url}/lab/static/secrets.txt", timeout=10).status_code == 404
     assert httpx.get(f"{lab_web.url}/", timeout=10, follow_redirects=True).url.path == "/lab"
+
+
+def test_an_advisor_asked_to_autoscale_over_a_schedule_may_hold_more_tokens():
+    from servelab.lab.web.params import LabInputError, lab_request
+
+    # the page's autoscaling ramp at its default inputs: ~2,550 requests, 3.3 M prompt + output tokens
+    ramp = {"input_len": 1024, "output_len": 256, "range_ratio": 0.5, "rate_schedule": "ramp:0=0.5,300=8,600=0.5",
+            "ttft_target_ms": 500}
+    with pytest.raises(LabInputError, match="2,000,000 per advise") as refused:
+        lab_request("advise", ramp)
+    assert refused.value.param == "num_prompts"
+    request = lab_request("advise", {**ramp, "autoscale": "keda", "max_replicas": 4})
+    assert request.autoscale.policy == "keda" and request.workload.rate_schedule == ramp["rate_schedule"]
+    with pytest.raises(LabInputError, match="4,000,000 per advise"):
+        lab_request("advise", {**ramp, "input_len": 2048, "autoscale": "keda"})
