@@ -22,6 +22,7 @@
   const state = {
     catalog: null, pending: false, inFlight: false, advising: false, debounce: null, adviseKey: null,
     simulations: 0,
+    adviseWanted: null, advisePumping: false, advisingKey: null, // the advisor's queue of one (wantAdvice)
     last: null, // {body, result} of the simulation the meters show
     advice: null, adviceError: null, adviceBody: null, error: null,
     walk: null, // {stage, from} while a clicked card's simulation runs
@@ -185,11 +186,11 @@
     return Object.keys(b).every((k) => JSON.stringify(a[k] ?? null) === JSON.stringify(b[k] ?? null));
   }
 
-  // ---- running simulations: one request in flight; newer inputs wait for it, then run once
+  // ---- running simulations: one request in flight; newer inputs wait for it, then run once. The advisor runs in
+  // the lab's other worker, so a redraw never waits behind its search.
   function scheduleRun(delay = DEBOUNCE_MS) {
     clearTimeout(state.debounce);
     $("meters").dataset.status = "pending";
-    if (state.advising) $("run-status").textContent = t("status.queued");
     state.debounce = setTimeout(() => { state.pending = true; pump(); }, delay);
   }
 
@@ -201,17 +202,43 @@
         state.pending = false;
         const body = buildBody();
         await simulate(body);
-        if (state.pending) continue;
-        const adviseBody = adviseBodyOf(body);
-        const key = JSON.stringify(adviseBody);
-        if (key === state.adviseKey) continue;
-        markAdviceStale(true);
-        await sleep(ADVISE_SETTLE_MS);
-        if (state.pending) continue;
-        await advise(adviseBody, key);
+        if (!state.pending) wantAdvice(adviseBodyOf(body));
       }
     } finally {
       state.inFlight = false;
+    }
+  }
+
+  // The advisor, for the inputs the meters show once they have stayed ADVISE_SETTLE_MS: one search at a time, and
+  // while one runs only the latest inputs wait for it.
+  function wantAdvice(body) {
+    const key = JSON.stringify(body);
+    if (key === (state.advising ? state.advisingKey : state.adviseKey)) {
+      state.adviseWanted = null;
+      if (!state.advising) markAdviceStale(false);
+      return;
+    }
+    state.adviseWanted = { body, key, at: performance.now() };
+    markAdviceStale(true);
+    advisePump();
+  }
+
+  async function advisePump() {
+    if (state.advisePumping) return;
+    state.advisePumping = true;
+    try {
+      while (state.adviseWanted) {
+        const wanted = state.adviseWanted;
+        const wait = wanted.at + ADVISE_SETTLE_MS - performance.now();
+        if (wait > 0 || state.pending || state.inFlight) { // newer inputs may replace it meanwhile
+          await sleep(Math.max(wait, DEBOUNCE_MS));
+          continue;
+        }
+        state.adviseWanted = null;
+        await advise(wanted.body, wanted.key);
+      }
+    } finally {
+      state.advisePumping = false;
     }
   }
 
@@ -620,6 +647,7 @@
     status.replaceChildren(window.LabI18n.keyed("status.advising")); // re-translated on a switch while it runs
     $("advice").dataset.status = "busy";
     state.advising = true;
+    state.advisingKey = key;
     let answer = null, error = null;
     try {
       answer = await callLab("advise", body, status);
@@ -634,7 +662,7 @@
     renderAdvice();
     if (answer) $("advice").dataset.body = key;
     $("advice").dataset.status = answer ? "ready" : "error";
-    markAdviceStale(false);
+    markAdviceStale(Boolean(state.adviseWanted)); // newer inputs already wait for their own search
   }
 
   // What the advisor was asked: the page's constant rate, or the autoscaling panel's schedule and autoscaler.
