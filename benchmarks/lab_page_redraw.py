@@ -26,7 +26,8 @@ import httpx
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
-RATE_INDICES = [3, 5]  # 2 and 4 req/s on the page's list of rates (the default is 3 req/s)
+RATE_INDICES = [3, 5]  # 2 and 4 req/s on the page's list of rates
+DEFAULT_RATE_INDEX = 4  # 3 req/s
 TIMEOUT_MS = 120_000
 # The advice is the current inputs' (the previous one stays 'ready' but dimmed until the advisor has run).
 ADVICE_CURRENT = ("document.getElementById('advice').dataset.status === 'ready' &&"
@@ -81,14 +82,21 @@ READ_SAMPLE_JS = """() => {
 }"""
 
 
-def sample(page, index: int, wait_for_advice: bool, when_advising: bool = False) -> dict:
-    if when_advising:  # the advisor has just started for the previous inputs: the lab runs one job at a time
-        page.wait_for_function("document.getElementById('advice').dataset.status === 'busy'", timeout=TIMEOUT_MS)
+def sample(page, index: int, wait_for_advice: bool) -> dict:
     page.evaluate(START_SAMPLE_JS, index)
     page.wait_for_function("window.__sample !== null", timeout=TIMEOUT_MS)
     parts = {k: round(v, 1) for k, v in page.evaluate(READ_SAMPLE_JS).items()}
     if wait_for_advice:
         page.wait_for_function(ADVICE_CURRENT, timeout=TIMEOUT_MS)
+    return parts
+
+
+def sample_while_advising(page, index: int) -> dict:
+    """A change to the default rate (not timed), then, once the advisor has started for it, the timed change."""
+    sample(page, DEFAULT_RATE_INDEX, False)
+    page.wait_for_function("document.getElementById('advice').dataset.status === 'busy'", timeout=TIMEOUT_MS)
+    parts = sample(page, index, False)
+    page.wait_for_function(ADVICE_CURRENT, timeout=TIMEOUT_MS)
     return parts
 
 
@@ -121,8 +129,9 @@ def main() -> None:
             # the next change right after a redraw: the page is waiting for the inputs to settle before it asks
             # the advisor (a slider moved twice within half a second)
             quick = [sample(page, RATE_INDICES[i % 2], False) for i in range(args.samples)]
+            page.wait_for_function(ADVICE_CURRENT, timeout=TIMEOUT_MS)
             # the next change just after the advisor has started (half a second after the last one)
-            advising = [sample(page, RATE_INDICES[i % 2], False, True) for i in range(args.samples)]
+            advising = [sample_while_advising(page, RATE_INDICES[i % 2]) for i in range(args.samples)]
             browser.close()
     finally:
         server.terminate()
