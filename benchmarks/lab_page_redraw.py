@@ -1,8 +1,12 @@
 """How fast the lab page redraws after an input change, for the default workload (stage 3's preset): a real
 `servelab lab web` and Debian's Chromium through Playwright. Each sample moves the request-rate slider and
 times, in the page's own clock, from the input event to the meters showing the new simulation (debounce, the
-API call and the drawing). Between samples it waits for the advisor, which the page runs once the inputs
-settle, so that no sample waits behind it. Written to benchmarks/results/lab_page_redraw.json.
+API call and the drawing). The first series waits between samples until the advisor, which the page runs once
+the inputs settle, has answered for the new inputs, so that no sample waits behind it; the second moves the
+slider again as soon as the meters are drawn, while the page waits for the inputs to settle; the third as soon as
+the advisor has started, which the new simulation waits for (the lab runs one job at a time). Each sample splits
+its time into waiting to send, the API call, the drawing's JS and the paint. Written to
+benchmarks/results/lab_page_redraw.json.
 
     .venv/bin/python benchmarks/lab_page_redraw.py [--samples 10]
 """
@@ -22,8 +26,12 @@ import httpx
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
-RATE_INDICES = [3, 5]  # 2 and 4 req/s on the page's list of rates (the default is 3 req/s)
+RATE_INDICES = [3, 5]  # 2 and 4 req/s on the page's list of rates
+DEFAULT_RATE_INDEX = 4  # 3 req/s
 TIMEOUT_MS = 120_000
+# The advice is the current inputs' (the previous one stays 'ready' but dimmed until the advisor has run).
+ADVICE_CURRENT = ("document.getElementById('advice').dataset.status === 'ready' &&"
+                  " !document.getElementById('recommendation').classList.contains('stale')")
 
 
 def free_port() -> int:
@@ -45,16 +53,58 @@ def start_server(port: int) -> subprocess.Popen:
     raise RuntimeError("servelab lab web did not start")
 
 
-def sample(page, index: int) -> float:
-    runs = int(page.get_attribute("#meters", "data-runs") or 0)
-    page.evaluate("""(v) => { const el = document.getElementById('in-rate'); window.__t0 = performance.now();
-        el.value = v; el.dispatchEvent(new Event('input', { bubbles: true })); }""", index)
-    page.wait_for_function(f"(() => {{ const m = document.getElementById('meters');"
-                           f" return m.dataset.status === 'ready' && Number(m.dataset.runs) > {runs}; }})()",
-                           timeout=TIMEOUT_MS)
-    elapsed = page.evaluate("performance.now() - window.__t0")
-    page.wait_for_function("document.getElementById('advice').dataset.status === 'ready'", timeout=TIMEOUT_MS)
-    return elapsed
+# In the page: a MutationObserver notes when the meters show a new run (the drawing's JS is done) and the frame
+# after it (painted); the simulate call's resource timing splits the time into waiting to send (debounce, or an
+# advisor call in flight), the API call, and drawing.
+START_SAMPLE_JS = """(v) => {
+  const meters = document.getElementById('meters');
+  const runs = Number(meters.dataset.runs || 0);
+  window.__sample = null;
+  const observer = new MutationObserver(() => {
+    if (meters.dataset.status !== 'ready' || Number(meters.dataset.runs) <= runs) return;
+    observer.disconnect();
+    const drawn = performance.now();
+    requestAnimationFrame(() => setTimeout(() => { window.__sample = { drawn, painted: performance.now() }; }, 0));
+  });
+  observer.observe(meters, { attributes: true });
+  const el = document.getElementById('in-rate');
+  window.__t0 = performance.now();
+  el.value = v;
+  el.dispatchEvent(new Event('input', { bubbles: true }));
+}"""
+READ_SAMPLE_JS = """() => {
+  const t0 = window.__t0, s = window.__sample;
+  const calls = performance.getEntriesByType('resource')
+    .filter((e) => e.name.includes('/lab/api/simulate') && e.startTime >= t0);
+  const call = calls[calls.length - 1];
+  return { total_ms: s.painted - t0, wait_ms: call.startTime - t0, api_ms: call.responseEnd - call.startTime,
+           draw_ms: s.drawn - call.responseEnd, paint_ms: s.painted - s.drawn };
+}"""
+
+
+def sample(page, index: int, wait_for_advice: bool) -> dict:
+    page.evaluate(START_SAMPLE_JS, index)
+    page.wait_for_function("window.__sample !== null", timeout=TIMEOUT_MS)
+    parts = {k: round(v, 1) for k, v in page.evaluate(READ_SAMPLE_JS).items()}
+    if wait_for_advice:
+        page.wait_for_function(ADVICE_CURRENT, timeout=TIMEOUT_MS)
+    return parts
+
+
+def sample_while_advising(page, index: int) -> dict:
+    """A change to the default rate (not timed), then, once the advisor has started for it, the timed change."""
+    sample(page, DEFAULT_RATE_INDEX, False)
+    page.wait_for_function("document.getElementById('advice').dataset.status === 'busy'", timeout=TIMEOUT_MS)
+    parts = sample(page, index, False)
+    page.wait_for_function(ADVICE_CURRENT, timeout=TIMEOUT_MS)
+    return parts
+
+
+def summary(samples: list[dict]) -> dict:
+    return {"median_ms": statistics.median(s["total_ms"] for s in samples),
+            "max_ms": max(s["total_ms"] for s in samples),
+            "median_parts_ms": {k: statistics.median(s[k] for s in samples) for k in samples[0] if k != "total_ms"},
+            "samples": samples}
 
 
 def main() -> None:
@@ -73,9 +123,15 @@ def main() -> None:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(f"http://127.0.0.1:{port}/lab?lang=en")
             page.wait_for_function("document.getElementById('meters').dataset.status === 'ready'", timeout=TIMEOUT_MS)
-            page.wait_for_function("document.getElementById('advice').dataset.status === 'ready'", timeout=TIMEOUT_MS)
+            page.wait_for_function(ADVICE_CURRENT, timeout=TIMEOUT_MS)
             body = json.loads(page.get_attribute("#meters", "data-body"))
-            samples = [sample(page, RATE_INDICES[i % 2]) for i in range(args.samples)]
+            samples = [sample(page, RATE_INDICES[i % 2], True) for i in range(args.samples)]
+            # the next change right after a redraw: the page is waiting for the inputs to settle before it asks
+            # the advisor (a slider moved twice within half a second)
+            quick = [sample(page, RATE_INDICES[i % 2], False) for i in range(args.samples)]
+            page.wait_for_function(ADVICE_CURRENT, timeout=TIMEOUT_MS)
+            # the next change just after the advisor has started (half a second after the last one)
+            advising = [sample_while_advising(page, RATE_INDICES[i % 2]) for i in range(args.samples)]
             browser.close()
     finally:
         server.terminate()
@@ -83,11 +139,12 @@ def main() -> None:
     payload = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cpus": os.cpu_count(),
         "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg(),
-        "workload": body, "samples_ms": [round(s, 1) for s in samples],
-        "median_ms": statistics.median(samples), "max_ms": max(samples), "target_ms": 300,
+        "workload": body, "target_ms": 300, "advisor_idle": summary(samples),
+        "right_after_a_redraw": summary(quick), "while_the_advisor_runs": summary(advising),
     }
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in payload.items() if k != "workload"}, indent=2))
+    print(json.dumps({k: ({kk: vv for kk, vv in v.items() if kk != "samples"} if isinstance(v, dict) else v)
+                      for k, v in payload.items() if k != "workload"}, indent=2))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 tiny model with an API key, and Debian's Chromium driven by Playwright (never a downloaded browser)."""
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -16,15 +17,18 @@ STARTUP_TIMEOUT_S = 60.0
 
 
 class LabWebProcess(ServerProcess):
-    """`servelab lab web` on a free port: a ServerProcess (readiness on /health, log, stop) running another command."""
+    """`servelab lab web` on a free port: a ServerProcess (readiness on /health, log, stop) running another command.
+    env adds variables (SERVELAB_CACHE_DIR: where its CPU profile is); cwd holds the results folder it lists."""
 
-    def __init__(self, log_path: Path) -> None:  # not the parent's: that one starts `servelab serve`
+    def __init__(self, log_path: Path, env: dict | None = None, cwd: Path | None = None) -> None:
+        # not the parent's constructor: that one starts `servelab serve`
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
         command = [*servelab_command(), "lab", "web", "--host", "127.0.0.1", "--port", str(self.port)]
-        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})}, cwd=cwd)
 
 
 @pytest.fixture(scope="session")

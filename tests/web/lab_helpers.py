@@ -20,10 +20,10 @@ def wait_for_result(page, predicate: str) -> dict:
     return json.loads(page.get_attribute("#meters", "data-body"))
 
 
-def api_simulate(base_url: str, body: dict) -> dict:
+def api_simulate(base_url: str, body: dict, command: str = "simulate") -> dict:
     """The API's answer for the page's inputs; waits its turn while the page's own advisor run holds the lab."""
     for _ in range(240):
-        response = httpx.post(f"{base_url}/lab/api/simulate", json=body, timeout=60)
+        response = httpx.post(f"{base_url}/lab/api/{command}", json=body, timeout=60)
         if response.status_code != 429:
             break
         time.sleep(0.25)

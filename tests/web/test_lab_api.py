@@ -132,7 +132,7 @@ def test_malformed_and_oversized_bodies(lab_web):
     assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
 
 
-def test_a_second_simulation_while_one_runs_gets_429(lab_web):
+def test_a_second_simulation_while_one_runs_gets_429_and_the_advisor_runs_beside_it(lab_web):
     long_body = {"model": "llama-3.1-8b", "gpu": "h100", "dataset": "sharegpt-like", "num_prompts": 5000,
                  "request_rate": 50}
     first: dict = {}
@@ -143,9 +143,13 @@ def test_a_second_simulation_while_one_runs_gets_429(lab_web):
         while httpx.get(f"{lab_web.url}/lab/api/status", timeout=5).json()["running"] != "simulate":
             assert time.monotonic() < deadline and worker.is_alive(), "the first simulation never showed as running"
             time.sleep(0.01)
-        second = post(lab_web.url, "advise", {**SMALL})
+        second = post(lab_web.url, "simulate", {**SMALL})
+        beside = post(lab_web.url, "advise", {**SMALL})  # the advisor's own worker: the page's meters never wait on it
+        still_running = worker.is_alive()
     finally:
         worker.join(timeout=120)
+    assert still_running  # both answers came while the long simulation ran
+    assert beside.status_code == 200 and beside.json()["recommendation"] is not None, beside.text
     assert second.status_code == 429, second.text
     assert second.json()["error"]["code"] == "lab_busy" and second.headers["retry-after"] == "1"
     assert first["response"].status_code == 200 and first["response"].json()["metrics"]["completed"] == 5000
@@ -163,3 +167,18 @@ def test_page_and_assets_are_served(lab_web):
         assert asset.status_code == 200 and kind in asset.headers["content-type"] and len(asset.text) > 1000
     assert httpx.get(f"{lab_web.url}/lab/static/secrets.txt", timeout=10).status_code == 404
     assert httpx.get(f"{lab_web.url}/", timeout=10, follow_redirects=True).url.path == "/lab"
+
+
+def test_an_advisor_asked_to_autoscale_over_a_schedule_may_hold_more_tokens():
+    from servelab.lab.web.params import LabInputError, lab_request
+
+    # the page's autoscaling ramp at its default inputs: ~2,550 requests, 3.3 M prompt + output tokens
+    ramp = {"input_len": 1024, "output_len": 256, "range_ratio": 0.5, "rate_schedule": "ramp:0=0.5,300=8,600=0.5",
+            "ttft_target_ms": 500}
+    with pytest.raises(LabInputError, match="2,000,000 per advise") as refused:
+        lab_request("advise", ramp)
+    assert refused.value.param == "num_prompts"
+    request = lab_request("advise", {**ramp, "autoscale": "keda", "max_replicas": 4})
+    assert request.autoscale.policy == "keda" and request.workload.rate_schedule == ramp["rate_schedule"]
+    with pytest.raises(LabInputError, match="4,000,000 per advise"):
+        lab_request("advise", {**ramp, "input_len": 2048, "autoscale": "keda"})

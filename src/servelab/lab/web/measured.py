@@ -1,7 +1,8 @@
 """The measured evolution path on the lab page: `servelab bench stages` results (the copy the page ships and those
-in the user's results folder), each beside the lab's prediction for the same workload on this machine (the
-local-cpu profile of `servelab lab profile`), and "measure here": a short stage comparison in the background,
-one at a time, under `servelab serve`."""
+in the user's results folder), each stage beside the lab's prediction for the same workload on this machine (the
+local-cpu profile of `servelab lab profile`, priced as `servelab lab validate` prices each stage: -tp 3 with the
+profile's all-reduce timing, --disaggregate 1:1 with its KV-transfer timing on shared cores), and "measure here":
+a short stage comparison in the background, one at a time, under `servelab serve`."""
 from __future__ import annotations
 
 import asyncio
@@ -11,16 +12,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servelab.lab import api
-from servelab.lab.catalog import LOCAL_CPU
+from servelab.bench.stages import STAGES
+from servelab.lab.calibrate.validate import simulated_metrics
+from servelab.lab.catalog import get_model
+from servelab.lab.catalog.cpu_profile import load_cpu_profile
 from servelab.workload import WorkloadConfig
 
 SHIPPED = Path(__file__).parent / "static" / "measured" / "stages.json"
 STAGE_COLUMNS = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms")
-# A short comparison: three servers of the default model, 16 requests each; about a minute on two cores.
+PREDICTED_MODEL = "smollm2-135m"  # the model `bench stages` serves by default, and the one the profile measures
+# A short comparison: a server of the default model per stage (all five), 16 requests each.
 MEASURE_ARGS = ["--num-prompts", "16", "--input-len", "32", "--output-len", "16", "--range-ratio", "0.5",
-                "--request-rate", "4", "--max-num-seqs", "8", "--seed", "0", "--disable-tqdm"]
-STAGES = ("serial", "static", "continuous")
+                "--request-rate", "4", "--max-num-seqs", "8", "--seed", "0", "--stages", ",".join(STAGES),
+                "--disable-tqdm"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,6 @@ class MeasuredPath:
 def measured_path(request: MeasuredRequest) -> MeasuredPath:
     """In the lab's worker process: reading the results and predicting them simulates."""
     sets = [_with_prediction(payload, source) for payload, source in _stage_results(request.results_dir)]
-    # a run of only the stages the panel does not predict (e.g. `--stages tp`) would draw an empty table
     return MeasuredPath([s for s in sets if s["runs"]])
 
 
@@ -69,19 +72,28 @@ def _with_prediction(payload: dict, source: str) -> dict:
            "runs": [{"stage": r["stage"], "schedule": r["schedule"], **{k: r.get(k) for k in STAGE_COLUMNS}}
                     for r in runs]}
     try:
-        out["predicted"] = [_predict(payload, r["schedule"]) for r in runs]
+        profile = load_cpu_profile()
+        spec = get_model(PREDICTED_MODEL)
+        profile.check_model(spec)
     except ValueError as err:  # no CPU profile here, or one of another model
         out["prediction_error"] = str(err)
+        return out
+    out["predicted"] = [_predict(profile, spec, payload, r["schedule"]) for r in runs]
     return out
 
 
-def _predict(payload: dict, schedule: str) -> dict:
-    seqs = 1 if schedule == "serial" else payload.get("max_num_seqs")
+def _predict(profile, spec, payload: dict, schedule: str) -> dict:
+    """What `servelab lab validate --stages <schedule>` simulates for the measured workload. A stage the profile
+    cannot price (one from before it timed all-reduces or KV transfers) or whose workload does not fit carries
+    the reason instead of figures."""
     w = WorkloadConfig(dataset="random", num_prompts=payload["num_prompts"], input_len=payload["input_len"],
                        output_len=payload["output_len"], range_ratio=payload.get("range_ratio", 0.0),
-                       request_rate=float(payload["request_rate"]), seed=payload.get("seed", 0))
-    d = api.DeploymentRequest(model="smollm2-135m", gpu=LOCAL_CPU, schedule=schedule, max_num_seqs=seqs)
-    metrics = api.simulate(api.SimulateRequest(d, w)).evaluation.metrics
+                       request_rate=float(payload["request_rate"]), burstiness=payload.get("burstiness", 1.0),
+                       seed=payload.get("seed", 0))
+    try:
+        metrics = simulated_metrics(profile, spec, schedule, payload["max_num_seqs"], w)
+    except ValueError as err:
+        return {"schedule": schedule, "error": str(err)}
     return {"schedule": schedule, **{k: metrics.get(k) for k in STAGE_COLUMNS}}
 
 

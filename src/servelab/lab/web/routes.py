@@ -5,15 +5,16 @@
   GET  /lab/api/catalog     GPU and model ids with their key numbers, the evolution presets, the limits
   POST /lab/api/simulate    what `servelab lab simulate --json` prints for the same inputs, byte for byte
   POST /lab/api/advise      what `servelab lab advise --json` prints
-  GET  /lab/api/status      whether a simulation is running
+  GET  /lab/api/status      the lab job running now, if any (the page's simulation first)
   GET  /lab/api/live/layout the serving processes (API server, engine cores with roles, TP ranks, pids);
                             `servelab serve` only
   GET  /lab/api/measured    `bench stages` results (shipped and in the results folder) beside the lab's prediction
   GET  /lab/api/measure     the "measure here" run's progress; POST starts one (under `servelab serve` only)
 
-Simulations run one at a time in a worker process (a second concurrent one gets 429): the same server may
-be serving a model, and its event loop must keep streaming tokens, which a simulation in a thread would
-hold up for its share of the GIL.
+Lab jobs run in worker processes, one simulation and one advisor search (or measured-path prediction) at a time,
+each in its own worker, so that the page's redraw never waits behind the advisor (a second concurrent job of the
+same kind gets 429): the same server may be serving a model, and its event loop must keep streaming tokens, which
+a simulation in a thread would hold up for its share of the GIL.
 
 Every human-readable error message comes in the request's language (`?lang=zh` or Accept-Language, see
 messages.py); the `param` and the bodies of successful answers do not depend on it."""
@@ -97,31 +98,42 @@ def exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="servelab-lab-parent-watch", daemon=True).start()
 
 
+# The page's meters wait on "simulate"; the advisor's search and the measured path's predictions run beside it in a
+# second worker, so that an input change never waits behind a search of dozens of shapes.
+LANES = {"simulate": "interactive", "advise": "background", "measured": "background"}
+
+
 class LabRunner:
-    """One simulation at a time, in a one-worker process pool (spawned on first use). The check and the
-    claim happen on the loop with no await between them, so no lock is needed."""
+    """One job at a time per lane (LANES), each lane in a one-worker process pool (spawned on first use). The
+    check and the claim happen on the loop with no await between them, so no lock is needed."""
 
     def __init__(self) -> None:
-        self.running: str | None = None
-        self._pool: ProcessPoolExecutor | None = None
+        self.running_by_lane: dict[str, str] = {}
+        self._pools: dict[str, ProcessPoolExecutor] = {}
+
+    @property
+    def running(self) -> str | None:
+        """The job running now, the page's simulation first."""
+        return self.running_by_lane.get("interactive") or self.running_by_lane.get("background")
 
     async def run(self, command: str, lab_input, lang: str) -> LabOutcome:
-        if self.running is not None:
+        lane = LANES[command]
+        if lane in self.running_by_lane:
             raise lab_busy(lang)
-        self.running = command
+        self.running_by_lane[lane] = command
         try:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=exit_with_parent, initargs=(os.getpid(),))
-            return await asyncio.get_running_loop().run_in_executor(self._pool, run_lab, command, lab_input)
+            if lane not in self._pools:
+                self._pools[lane] = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                        initializer=exit_with_parent, initargs=(os.getpid(),))
+            return await asyncio.get_running_loop().run_in_executor(self._pools[lane], run_lab, command, lab_input)
         finally:
-            self.running = None
+            del self.running_by_lane[lane]
 
     def close(self) -> None:
-        """Stop the worker (waits for a simulation in progress: they are bounded by the lab's limits)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        """Stop the workers (waits for a job in progress: they are bounded by the lab's limits)."""
+        for pool in self._pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
+        self._pools.clear()
 
 
 async def _read_json(request: Request, lang: str):

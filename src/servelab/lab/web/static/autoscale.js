@@ -15,16 +15,32 @@
   const $ = (id) => document.getElementById(id);
   const sleep = (msDelay) => new Promise((resolve) => setTimeout(resolve, msDelay));
   let last = null; // {body, result} shown
+  let advised = null; // the autoscaler settings the advisor is asked about, once the panel has run
+
+  // The panel's settings as the API's fields (`--rate-schedule` and the `--autoscale` flags), for simulate and advise.
+  function settings() {
+    return {
+      rate_schedule: $("as-schedule").value, autoscale: $("as-policy").value, min_replicas: 1,
+      max_replicas: Math.max(1, parseInt($("as-max").value, 10) || 1), startup_s: Number($("as-startup").value) || 0,
+      cooldown_s: Number($("as-cooldown").value) || 0, interval_s: INTERVAL_S,
+    };
+  }
 
   function requestBody() {
     const body = window.LabPage.body();
-    const maxReplicas = Math.max(1, parseInt($("as-max").value, 10) || 1);
-    return {
-      ...body, rate_schedule: $("as-schedule").value, autoscale: $("as-policy").value, min_replicas: 1,
-      max_replicas: maxReplicas, startup_s: Number($("as-startup").value) || 0,
-      cooldown_s: Number($("as-cooldown").value) || 0, interval_s: INTERVAL_S,
-      slo_attribution: body.ttft_target_ms != null || body.tpot_target_ms != null,
-    };
+    return { ...body, ...settings(), slo_attribution: body.ttft_target_ms != null || body.tpot_target_ms != null };
+  }
+
+  // The schedule's label as the panel's list shows it (the value itself for one not in the list).
+  function scheduleLabel(value) {
+    const option = [...$("as-schedule").options].find((o) => o.value === value);
+    return option ? option.textContent : value;
+  }
+
+  // The advisor then sizes for the schedule and cites the autoscaled comparison; "constant rate" asks it plainly.
+  function adviseWith(fields) {
+    advised = fields;
+    window.LabPage.readvise();
   }
 
   async function post(body) {
@@ -57,6 +73,7 @@
       last = { body, result, seconds: (performance.now() - started) / 1000 };
       render();
       panel.dataset.status = result.autoscaling ? "ready" : "error";
+      if (result.autoscaling) adviseWith(settings());
     } catch (err) {
       last = null;
       $("as-status").className = "run-status";
@@ -181,8 +198,11 @@
   async function init() {
     await window.LabI18n.ready;
     $("as-run").addEventListener("click", run);
+    $("advice-constant").addEventListener("click", () => adviseWith(null));
     window.LabI18n.onChange(render);
   }
+
+  window.LabAutoscale = { adviseFields: () => advised, scheduleLabel };
 
   init();
 })();

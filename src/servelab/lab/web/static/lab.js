@@ -22,8 +22,9 @@
   const state = {
     catalog: null, pending: false, inFlight: false, advising: false, debounce: null, adviseKey: null,
     simulations: 0,
+    adviseWanted: null, advisePumping: false, advisingKey: null, // the advisor's queue of one (wantAdvice)
     last: null, // {body, result} of the simulation the meters show
-    advice: null, adviceError: null, error: null,
+    advice: null, adviceError: null, adviceBody: null, error: null,
     walk: null, // {stage, from} while a clicked card's simulation runs
     walkView: null, // {stage, from, to} the step-by-step panel explains
   };
@@ -185,11 +186,11 @@
     return Object.keys(b).every((k) => JSON.stringify(a[k] ?? null) === JSON.stringify(b[k] ?? null));
   }
 
-  // ---- running simulations: one request in flight; newer inputs wait for it, then run once
+  // ---- running simulations: one request in flight; newer inputs wait for it, then run once. The advisor runs in
+  // the lab's other worker, so a redraw never waits behind its search.
   function scheduleRun(delay = DEBOUNCE_MS) {
     clearTimeout(state.debounce);
     $("meters").dataset.status = "pending";
-    if (state.advising) $("run-status").textContent = t("status.queued");
     state.debounce = setTimeout(() => { state.pending = true; pump(); }, delay);
   }
 
@@ -201,17 +202,43 @@
         state.pending = false;
         const body = buildBody();
         await simulate(body);
-        if (state.pending) continue;
-        const adviseBody = adviseBodyOf(body);
-        const key = JSON.stringify(adviseBody);
-        if (key === state.adviseKey) continue;
-        markAdviceStale(true);
-        await sleep(ADVISE_SETTLE_MS);
-        if (state.pending) continue;
-        await advise(adviseBody, key);
+        if (!state.pending) wantAdvice(adviseBodyOf(body));
       }
     } finally {
       state.inFlight = false;
+    }
+  }
+
+  // The advisor, for the inputs the meters show once they have stayed ADVISE_SETTLE_MS: one search at a time, and
+  // while one runs only the latest inputs wait for it.
+  function wantAdvice(body) {
+    const key = JSON.stringify(body);
+    if (key === (state.advising ? state.advisingKey : state.adviseKey)) {
+      state.adviseWanted = null;
+      if (!state.advising) markAdviceStale(false);
+      return;
+    }
+    state.adviseWanted = { body, key, at: performance.now() };
+    markAdviceStale(true);
+    advisePump();
+  }
+
+  async function advisePump() {
+    if (state.advisePumping) return;
+    state.advisePumping = true;
+    try {
+      while (state.adviseWanted) {
+        const wanted = state.adviseWanted;
+        const wait = wanted.at + ADVISE_SETTLE_MS - performance.now();
+        if (wait > 0 || state.pending || state.inFlight) { // newer inputs may replace it meanwhile
+          await sleep(Math.max(wait, DEBOUNCE_MS));
+          continue;
+        }
+        state.adviseWanted = null;
+        await advise(wanted.body, wanted.key);
+      }
+    } finally {
+      state.advisePumping = false;
     }
   }
 
@@ -604,7 +631,9 @@
     // The advisor searches continuous-batching shapes: give it the engine's default slots unless the page uses them.
     if (body.schedule !== "continuous") out.max_num_seqs = null;
     out.max_gpus = Math.min(state.catalog.limits.max_gpus, MAX_PAGE_GPUS);
-    return out;
+    // Once the autoscaling panel has run, the advisor answers `lab advise --autoscale ... --rate-schedule ...`
+    // for its settings: the recommended shape autoscaled over the schedule, which the GPU autoscaling line cites.
+    return { ...out, ...(window.LabAutoscale ? window.LabAutoscale.adviseFields() : null) };
   }
 
   function markAdviceStale(stale) {
@@ -615,24 +644,39 @@
   async function advise(body, key) {
     const status = $("advice-status");
     status.className = "run-status busy";
-    status.textContent = t("status.advising");
+    status.replaceChildren(window.LabI18n.keyed("status.advising")); // re-translated on a switch while it runs
     $("advice").dataset.status = "busy";
     state.advising = true;
+    state.advisingKey = key;
+    let answer = null, error = null;
     try {
-      state.advice = await callLab("advise", body, status);
-      state.adviceError = null;
-      state.adviseKey = key;
-      renderAdvice();
-      $("advice").dataset.status = "ready";
+      answer = await callLab("advise", body, status);
     } catch (err) {
-      state.advice = null;
-      state.adviceError = err.message;
-      renderAdvice();
-      $("advice").dataset.status = "error";
-    } finally {
-      state.advising = false;
+      error = err.message;
     }
-    markAdviceStale(false);
+    state.advising = false;
+    state.advice = answer;
+    state.adviceError = error;
+    state.adviceBody = body;
+    if (answer) state.adviseKey = key;
+    renderAdvice();
+    if (answer) $("advice").dataset.body = key;
+    $("advice").dataset.status = answer ? "ready" : "error";
+    markAdviceStale(Boolean(state.adviseWanted)); // newer inputs already wait for their own search
+  }
+
+  // What the advisor was asked: the page's constant rate, or the autoscaling panel's schedule and autoscaler.
+  function renderAdviceScope() {
+    const scope = $("advice-scope");
+    const fields = state.adviceBody && state.adviceBody.autoscale ? state.adviceBody : null;
+    scope.hidden = !fields;
+    if (!fields) return;
+    $("advice-scope-text").textContent = t("advice.autoscaled", {
+      schedule: window.LabAutoscale.scheduleLabel(fields.rate_schedule), policy: t(`as.policy_${fields.autoscale}`),
+      max: fields.max_replicas, startup: num(fields.startup_s), cooldown: num(fields.cooldown_s) });
+    $("advice-scope-cli").textContent = `servelab lab advise --rate-schedule ${fields.rate_schedule} ` +
+      `--autoscale ${fields.autoscale} --min-replicas ${fields.min_replicas} --max-replicas ${fields.max_replicas} ` +
+      `--startup-time ${fields.startup_s} --cooldown ${fields.cooldown_s} --scale-interval ${fields.interval_s}`;
   }
 
   function gpuName(id) {
@@ -652,16 +696,18 @@
     const list = $("decisions");
     holder.replaceChildren();
     list.replaceChildren();
-    status.className = "run-status";
+    renderAdviceScope();
+    // a language switch while the advisor runs leaves its (translated) status until it answers
+    const setStatus = (text) => { if (!state.advising) { status.className = "run-status"; status.textContent = text; } };
+    setStatus("");
     if (state.adviceError) {
-      status.textContent = "";
       holder.textContent = t("advice.failed", { message: state.adviceError });
       return;
     }
     const advice = state.advice;
     if (!advice) return;
     const shapes = tn("fmt.shapes", advice.candidates.length);
-    status.textContent = t("advice.simulated", { shapes });
+    setStatus(t("advice.simulated", { shapes }));
     const rec = advice.recommendation;
     if (!rec) {
       holder.textContent = t("advice.none", { max: advice.max_gpus, shapes });
@@ -844,6 +890,8 @@
     scheduleRun(0);
   }
 
-  window.LabPage = { body: buildBody }; // the current inputs, for the autoscaling panel (autoscale.js)
+  // The current inputs, for the autoscaling panel (autoscale.js), which asks the advisor again (`readvise`) when
+  // its settings change what the advisor is asked.
+  window.LabPage = { body: buildBody, readvise: () => scheduleRun(0) };
   init();
 })();

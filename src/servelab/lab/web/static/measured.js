@@ -38,11 +38,13 @@
     head.append(cell("th", t("ms.col_stage")));
     COLUMNS.forEach(([, key]) => head.append(cell("th", `${t(key)} · ${t("ms.measured")}`), cell("th", t("ms.predicted"), "pred")));
     table.append(head);
+    const unpriced = []; // stages the profile cannot price: the server's reason as a tooltip
     set.runs.forEach((run, i) => {
       const row = document.createElement("tr");
       row.dataset.schedule = run.schedule;
       row.append(cell("td", stageName(run)));
       const predicted = set.predicted ? set.predicted[i] : null;
+      if (predicted && predicted.error) unpriced.push([parseInt(run.stage, 10), predicted.error]);
       COLUMNS.forEach(([field, , format]) => {
         row.append(cell("td", run[field] == null ? "–" : format(run[field])));
         row.append(cell("td", predicted && predicted[field] != null ? format(predicted[field]) : "–", "pred"));
@@ -53,6 +55,11 @@
     if (set.prediction_error) {
       const note = cell("p", t("ms.no_profile"), "note");
       note.title = set.prediction_error;
+      box.append(note);
+    }
+    if (unpriced.length) {
+      const note = cell("p", t("ms.no_stage_timing", { stages: unpriced.map(([n]) => n).join(", ") }), "note ms-unpriced");
+      note.title = unpriced.map(([n, why]) => `${n}: ${why}`).join("\n");
       box.append(note);
     }
     box.append(barPlot(set));
