@@ -21,6 +21,7 @@ from __future__ import annotations
 from servelab.core.decode_batch import DecodeBatch
 from servelab.core.plan import DecodeRunPlan, StepPlan
 from servelab.core.request import Request, RequestStatus
+from servelab.core.run_states import RunStates, run_states
 from servelab.core.scheduler import Scheduler
 
 
@@ -28,6 +29,11 @@ class DecodeRunPlanner:
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         self._batch: DecodeBatch | None = None
+        # The run taken last, for run_states: blocks in use and unfilled slots before it, the steps of
+        # its block allocations, and its departures (step, blocks freed, unfilled slots freed).
+        self._before = (0, 0)
+        self._alloc_steps: list[int] = []
+        self._departures: list[tuple[int, int, int]] = []
 
     def plan(self, limit: int) -> DecodeRunPlan | None:
         """The longest run (at most limit steps) that schedule() would certainly make of one decode
@@ -105,9 +111,13 @@ class DecodeRunPlanner:
         order single steps would, and return a StepPlan of what the first step schedules besides the
         batch's decodes: the waiting requests it admits, as schedule() would (only when num_steps is 1)."""
         scheduler = self.scheduler
-        if not scheduler.contiguous:
-            bm = scheduler.block_manager
-            positions = self._batch.take_blocks(num_steps, bm.block_size)
+        bm = scheduler.block_manager
+        if num_steps > 1:
+            self._before = (bm.num_blocks - bm.num_free_blocks, bm.num_reserved_unused_slots())
+        if scheduler.contiguous:
+            self._alloc_steps = []
+        else:
+            positions, self._alloc_steps = self._batch.take_blocks(num_steps, bm.block_size)
             if positions:
                 running = scheduler.running
                 if bm.append_blocks([running[index].request_id for index in positions]) is None:
@@ -126,10 +136,12 @@ class DecodeRunPlanner:
             batch.token_id = token_id
         soonest_last = batch.step + run.soonest  # members only left since the run was planned
         num_steps = len(step_end_times)
+        first = batch.step  # the step before the run's first
         batch.step += num_steps
         batch.end_times += step_end_times
         scheduler = self.scheduler
         bm = scheduler.block_manager
+        departures = self._departures = []
         if soonest_last > batch.step:  # everyone took part in every step
             bm.record_decode_tokens(num_steps * len(batch.lasts))
             return []
@@ -140,8 +152,18 @@ class DecodeRunPlanner:
         for (last, _), request in zip(finishing, finished):
             request.times.finished = end_times[last - 1]
             batch.leave(running.index(request), request, bm)
+            num_free, num_unused = bm.num_free_blocks, bm.num_reserved_unused_slots()
             scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
+            departures.append((last - first, bm.num_free_blocks - num_free, num_unused - bm.num_reserved_unused_slots()))
         return finished
+
+    def run_states(self, run: DecodeRunPlan, start: float, step_end_times: list[float]) -> RunStates:
+        """The scheduler's states after each step of the run advance() took last (of more than one step,
+        from start), summed up as its single steps' StepStats would give them."""
+        bm = self.scheduler.block_manager
+        num_used_blocks, num_unused_slots = self._before
+        return run_states(start, step_end_times, run.batch_size, num_used_blocks, num_unused_slots, bm.num_blocks,
+                          bm.block_size, self._alloc_steps, self._departures)
 
     def settle(self) -> None:
         """Write every member's outstanding tokens and timestamps, and end the batch (the next run

@@ -18,6 +18,7 @@ from servelab.core.decode_runs import DecodeRunPlanner
 from servelab.core.messages import EngineCoreOutput
 from servelab.core.plan import DecodeRunPlan, StepPlan, StepResult
 from servelab.core.request import Request, RequestStatus
+from servelab.core.run_states import RunStates
 from servelab.core.scheduler import Scheduler
 
 # Longest decode run priced at once; runs end earlier at the horizon, at finishes and at block shortage.
@@ -56,7 +57,8 @@ class StepStats:
     num_reserved_unused_slots: int
     breakdown: dict[str, float] = field(default_factory=dict)
     # A decode run's steps. Its start and duration span them, token counts are totals over them,
-    # num_running counts step 1 and kv_usage is the mean of before and after the run's allocations.
+    # num_decode_requests counts step 1, and the states (num_running to num_reserved_unused_slots) are
+    # those after its last step, as a step's are after it; run_states sums up those after each step.
     num_steps: int = 1
     # A priced decode run's (number of steps, batch size) segments, in order (the batch shrinks as
     # members finish). Its breakdown is left empty: CostModel.decode_breakdown gives the parts that do
@@ -64,6 +66,8 @@ class StepStats:
     decode_segments: list[tuple[int, int]] = field(default_factory=list)
     # When each of its steps ended (on the clock the requests' token times come from): one per step.
     step_ends: list[float] = field(default_factory=list)
+    # A run of several steps: the means and peaks of the states after each of its steps.
+    run_states: RunStates | None = None
 
 
 @dataclass
@@ -151,9 +155,7 @@ class EngineCore:
             del ends[0]
             num_steps = 1 + bisect_left(ends, horizon, 0, len(ends) - 1)
             del ends[num_steps:]
-        free_before = bm.num_free_blocks
         plan = planner.schedule(run, num_steps, now)
-        free_after = bm.num_free_blocks
         result = None
         if num_steps == 1:
             if plan.scheduled:
@@ -177,10 +179,10 @@ class EngineCore:
         stats = StepStats(
             start=now, duration=end - now, num_scheduled_tokens=batch_tokens + plan_tokens,
             num_prefill_tokens=plan_tokens - plan_decode, num_decode_requests=run.batch_size + plan_decode,
-            num_running=run.batch_size + len(plan.scheduled), num_waiting=len(scheduler.waiting), num_preempted=0,
-            kv_usage=1 - (free_before + free_after) / (2 * bm.num_blocks),
-            num_reserved_unused_slots=bm.num_reserved_unused_slots(), breakdown=breakdown, num_steps=num_steps,
-            decode_segments=segments, step_ends=ends)
+            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting), num_preempted=0,
+            kv_usage=bm.usage, num_reserved_unused_slots=bm.num_reserved_unused_slots(), breakdown=breakdown,
+            num_steps=num_steps, decode_segments=segments, step_ends=ends,
+            run_states=planner.run_states(run, now, ends) if num_steps > 1 else None)
         return StepOutputs(outputs, self._emit(stats))
 
     def _settle_decode_run(self) -> None:
