@@ -6,6 +6,8 @@ or the batch is settled, not at every run.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from servelab.core.block_hash import cache_computed_blocks
 from servelab.core.block_manager import BlockManager
 from servelab.core.request import Request
@@ -85,7 +87,7 @@ class DecodeBatch:
                 total += 1 + (stop - alloc) // block_size
         return total
 
-    def take_blocks(self, num_steps: int, block_size: int) -> tuple[list[int], list[int]]:
+    def take_blocks(self, num_steps: int, block_size: int) -> tuple[Sequence[int], Sequence[int]]:
         """Positions of the members needing a new block in the next num_steps steps, one per block, in
         the order single steps would allocate them (by step, then batch order), and the step of the
         next num_steps (1 to num_steps) each is allocated in; moves allocs past them."""
@@ -108,17 +110,20 @@ class DecodeBatch:
                     steps.append(alloc - step)
                     allocs[index] = alloc + block_size
             return positions, steps
-        found = []
+        found = []  # (step of the next num_steps, position)
         for index, last in enumerate(lasts):
             alloc = allocs[index]
             stop = end if end < last else last
             if alloc <= stop:
                 while alloc <= stop:
-                    found.append((alloc, index))
+                    found.append((alloc - step, index))
                     alloc += block_size
                 allocs[index] = alloc
+        if not found:
+            return (), ()
         found.sort()
-        return [index for _, index in found], [alloc - step for alloc, _ in found]
+        steps, positions = zip(*found)
+        return positions, steps
 
     def finishing(self, low: int) -> list[tuple[int, int]]:
         """(last step, position) of the members whose last step the batch has reached, sorted: the

@@ -158,7 +158,7 @@ class EngineCore:
         plan = planner.schedule(run, num_steps, now)
         result = None
         if num_steps == 1:
-            if plan.scheduled:
+            if plan is not None and plan.scheduled:
                 result = executor.execute_with_decode_run(run, plan)
                 ends = [now + result.duration]
             elif durations is None:  # planned as one step (a longer run cut to one has its `ends` already)
@@ -168,22 +168,25 @@ class EngineCore:
         end = ends[-1]
         self.clock.advance_to(end)
         outputs = [r.output(None) for r in finished] if finished else []
-        if result is not None:
+        batch_size = run.batch_size
+        if result is None:
+            breakdown, plan_tokens, plan_decode = {}, 0, 0
+            if len(segments) > 1 or segments[0][0] != num_steps:
+                segments, batch_tokens = _first_steps(segments, num_steps)
+            else:
+                batch_tokens = num_steps * batch_size
+        else:
             updated = scheduler.update_from_output(plan, result, end)
             outputs += [r.output(result.sampled.get(r.request_id)) for r in updated]
-            breakdown, segments, batch_tokens = result.breakdown, [], run.batch_size
-        else:
-            breakdown = {}
-            segments, batch_tokens = _first_steps(segments, num_steps)
-        plan_tokens, plan_decode = _plan_counts(plan) if plan.scheduled else (0, 0)
+            breakdown, segments, batch_tokens = result.breakdown, [], batch_size
+            plan_tokens, plan_decode = _plan_counts(plan)
         stats = StepStats(
-            start=now, duration=end - now, num_scheduled_tokens=batch_tokens + plan_tokens,
-            num_prefill_tokens=plan_tokens - plan_decode, num_decode_requests=run.batch_size + plan_decode,
-            num_running=len(scheduler.running), num_waiting=len(scheduler.waiting), num_preempted=0,
-            kv_usage=bm.usage, num_reserved_unused_slots=bm.num_reserved_unused_slots(), breakdown=breakdown,
-            num_steps=num_steps, decode_segments=segments, step_ends=ends,
-            run_states=planner.run_states(run, now, ends) if num_steps > 1 else None)
-        return StepOutputs(outputs, self._emit(stats))
+            now, end - now, batch_tokens + plan_tokens, plan_tokens - plan_decode, batch_size + plan_decode,
+            len(scheduler.running), len(scheduler.waiting), 0, bm.usage, bm.num_reserved_unused_slots(), breakdown,
+            num_steps, segments, ends, planner.run_states(run, now, ends) if num_steps > 1 else None)
+        if self.stats_sink is not None:
+            self.stats_sink(stats)
+        return StepOutputs(outputs, stats)
 
     def _settle_decode_run(self) -> None:
         """Write the decode batch's lazily kept tokens before anything else reads the running requests."""

@@ -85,3 +85,5 @@ class DecodeRunPlan:
     # (steps it takes part in, context length in step 1) of each member leaving before step num_steps,
     # by steps taken (empty when soonest >= num_steps): the batch shrinks after each.
     departures: list[tuple[int, int]] = field(default_factory=list)
+    # A one-step run whose step admits the waiting head (and maybe more), as schedule() would.
+    admits: bool = False

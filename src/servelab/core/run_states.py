@@ -11,6 +11,7 @@ per event rather than per step.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import groupby
 from operator import itemgetter
@@ -30,7 +31,7 @@ FIELDS = RunStates.__slots__
 
 
 def run_states(start: float, ends: list[float], num_running: int, num_used_blocks: int, num_unused_slots: int,
-               num_blocks: int, block_size: int, alloc_steps: list[int],
+               num_blocks: int, block_size: int, alloc_steps: Sequence[int],
                departures: list[tuple[int, int, int]]) -> RunStates:
     """A run of len(ends) steps from start, step k ending at ends[k - 1]. Before it: num_running members,
     num_used_blocks of num_blocks in use, num_unused_slots reserved and not filled. alloc_steps: the step
@@ -66,7 +67,7 @@ def run_states(start: float, ends: list[float], num_running: int, num_used_block
                      _peak_used(num_used_blocks, alloc_steps, departures) / num_blocks)
 
 
-def _peak_used(num_used_blocks: int, alloc_steps: list[int], departures: list[tuple[int, int, int]]) -> int:
+def _peak_used(num_used_blocks: int, alloc_steps: Sequence[int], departures: list[tuple[int, int, int]]) -> int:
     """Most blocks in use after any step. Between departures the count only grows, so the most is after a
     step with departures, after the step before one, or after the last step."""
     peak = freed = 0
