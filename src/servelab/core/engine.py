@@ -70,7 +70,7 @@ class StepStats:
     run_states: RunStates | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class StepOutputs:
     outputs: list[EngineCoreOutput]
     stats: StepStats | None

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from servelab.sampling_params import SamplingParams
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     """One request's share of a step.
 
@@ -37,7 +37,7 @@ class ScheduledRequest:
         return self.num_computed_tokens + len(self.token_ids)
 
 
-@dataclass
+@dataclass(slots=True)
 class StepPlan:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     # Requests whose executor-side state can be dropped (finished, aborted, or preempted: a
@@ -62,7 +62,7 @@ class SampledToken:
     top_logprobs: list[tuple[int, float]] | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class StepResult:
     sampled: dict[str, SampledToken] = field(default_factory=dict)
     # Seconds the step took: measured by a real executor, predicted by the cost model.

@@ -281,7 +281,7 @@ class CostModel:
         return self.step_time(batch_size, batch_size, batch_size, s, s + batch_size)["total"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepTotals:
     """What the cost model prices a StepPlan by."""
     num_tokens: int
