@@ -34,7 +34,7 @@ class RequestTimes:
     finished: float | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     request_id: str
     prompt_token_ids: list[int]
@@ -54,6 +54,7 @@ class Request:
     cache_prefix: bool = False
     # Hashes of its first full blocks, filled lazily by core/block_hash.request_block_hashes.
     block_hashes: list[bytes] = field(default_factory=list)
+    times: RequestTimes = field(init=False)
 
     def __post_init__(self) -> None:
         self.times = RequestTimes(arrival=self.arrival_time)
