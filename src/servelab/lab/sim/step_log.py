@@ -75,20 +75,33 @@ class StepLog:
                 if len(self._timeline_starts) else 0
             self._timeline_starts.fromlist(list(accumulate(num_steps[:-1], initial=first)))
         extras, self._pending_extras = self._pending_extras, []
+        if not extras:
+            return
+        # gathered in lists and packed once: most entries have a breakdown or segments
+        breakdown_index, breakdown_values, states_index, states_values = [], [], [], []
+        segments_index, segments_start, segment_rows = [], [], []
+        num_segment_values = len(self._segment_rows)
         for index, breakdown, segments, states in extras:
             if breakdown:
                 if tuple(breakdown) == BREAKDOWN_KEYS:
-                    self._breakdown_index.append(index)
-                    self._breakdown_values.fromlist(list(breakdown.values()))
+                    breakdown_index.append(index)
+                    breakdown_values += breakdown.values()
                 else:
                     self._other_breakdowns[index] = dict(breakdown)
             if segments:
-                self._segments_index.append(index)
-                self._segments_start.append(len(self._segment_rows))
-                self._segment_rows.fromlist(list(chain.from_iterable(segments)))
+                segments_index.append(index)
+                segments_start.append(num_segment_values + len(segment_rows))
+                segment_rows += chain.from_iterable(segments)
             if states is not None:
-                self._states_index.append(index)
-                self._states_values.fromlist(list(_run_states_row(states)))
+                states_index.append(index)
+                states_values += _run_states_row(states)
+        self._breakdown_index.fromlist(breakdown_index)
+        self._breakdown_values.fromlist(breakdown_values)
+        self._segments_index.fromlist(segments_index)
+        self._segments_start.fromlist(segments_start)
+        self._segment_rows.fromlist(segment_rows)
+        self._states_index.fromlist(states_index)
+        self._states_values.fromlist(states_values)
 
     def column(self, name: str) -> list:
         """One field over all entries, in order, as Python numbers; or one field of RunStates, an entry
