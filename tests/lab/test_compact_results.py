@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from servelab.core.engine import StepStats
+from servelab.core.run_states import RunStates
 from servelab.lab.catalog import get_device, get_model
 from servelab.lab.sim.api_path import ClientTokenTimes, client_timings
 from servelab.lab.sim.deployment import Deployment
@@ -61,8 +62,8 @@ def test_step_log_gives_back_every_step_stats_it_was_sent():
         StepStats(0.5, 0.01, 300, 290, 10, 12, 3, 0, 0.25, 0, {"weights": 0.004, "attention": 0.003,
                                                                "communication": 0.0, "overhead": 0.003},
                   step_ends=[0.51]),
-        StepStats(0.51, 0.2, 400, 0, 10, 10, 0, 0, 0.3, 0, {}, num_steps=40, decode_segments=[(30, 10), (10, 9)],
-                  step_ends=[0.51 + 0.005 * k for k in range(1, 41)]),
+        StepStats(0.51, 0.2, 400, 0, 10, 9, 0, 0, 0.3, 0, {}, num_steps=40, decode_segments=[(30, 10), (10, 9)],
+                  step_ends=[0.51 + 0.005 * k for k in range(1, 41)], run_states=RunStates(9.75, 0.28, 5.5, 10, 0.15, 0.31)),
         StepStats(0.71, 0.02, 1, 0, 1, 1, 0, 1, 1.0, 16, {"other": 0.02}, step_ends=[0.73]),
         StepStats(0.73, 0.0, 0, 0, 0, 0, 0, 0, 0.0, 0, step_ends=[0.73]),
         StepStats(0.74, 0.1, 20, 0, 1, 1, 5, 0, 0.5, 3, {}, num_steps=20, decode_segments=[(20, 1)],
@@ -75,6 +76,11 @@ def test_step_log_gives_back_every_step_stats_it_was_sent():
     assert [index for index, _ in log.breakdowns_in_order()][:4] == [0, 2, 5, 7]
     assert log.column("num_steps") == [s.num_steps for s in sent] and log.run_indices()[:2] == [1, 4]
     assert list(log.timeline) == [end for s in sent for end in s.step_ends]
+    # an entry without run states gives its own state (and its duration as the seconds at its peak)
+    assert log.column("mean_running")[:5] == [12, 9.75, 1, 0, 1]
+    assert log.column("peak_running")[:5] == [12, 10, 1, 0, 1] and type(log.column("peak_running")[1]) is int
+    assert log.column("peak_running_s")[:5] == [0.01, 0.15, 0.02, 0.0, 0.1]
+    assert log.column("peak_kv_usage")[:2] == [0.25, 0.31] and log.column("mean_reserved_unused_slots")[:3] == [0, 5.5, 16]
     with pytest.raises(ValueError):
         log.append(StepStats(0.9, 0.1, 8, 0, 8, 8, 0, 0, 0.5, 0, num_steps=2, step_ends=[1.0]))
     with pytest.raises(IndexError):

@@ -186,8 +186,11 @@ class BlockManager:
             del free[:head]
             head = 0
         self._free_head = head
-        self._ref_counts.update(dict.fromkeys(ids, 1))  # free blocks have no references
-        if self.prefix_cache:
+        if count == 1:  # most often (a decode step's block): no dict to build
+            self._ref_counts[ids[0]] = 1
+        else:
+            self._ref_counts.update(dict.fromkeys(ids, 1))  # free blocks have no references
+        if self.prefix_cache.cached_hashes:
             self.prefix_cache.evict(ids)
         in_use = self._in_use
         if in_use is not None:

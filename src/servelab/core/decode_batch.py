@@ -6,6 +6,8 @@ or the batch is settled, not at every run.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from servelab.core.block_hash import cache_computed_blocks
 from servelab.core.block_manager import BlockManager
 from servelab.core.request import Request
@@ -85,37 +87,43 @@ class DecodeBatch:
                 total += 1 + (stop - alloc) // block_size
         return total
 
-    def take_blocks(self, num_steps: int, block_size: int) -> list[int]:
+    def take_blocks(self, num_steps: int, block_size: int) -> tuple[Sequence[int], Sequence[int]]:
         """Positions of the members needing a new block in the next num_steps steps, one per block, in
-        the order single steps would allocate them (by step, then batch order); moves allocs past them."""
+        the order single steps would allocate them (by step, then batch order), and the step of the
+        next num_steps (1 to num_steps) each is allocated in; moves allocs past them."""
         allocs, lasts = self.allocs, self.lasts
         if num_steps == 1:  # everyone takes part in the next step
             positions = _positions(allocs, self.step + 1)
             for index in positions:
                 allocs[index] += block_size
-            return positions
-        end = self.step + num_steps
+            return positions, [1] * len(positions)
+        step = self.step
+        end = step + num_steps
         if num_steps <= block_size:  # each allocates at most once (allocs are past the batch's step)
-            positions = []
+            positions, steps = [], []
             for index in _ordered(allocs):
                 alloc = allocs[index]
                 if alloc > end:
                     break
                 if alloc <= lasts[index]:
                     positions.append(index)
+                    steps.append(alloc - step)
                     allocs[index] = alloc + block_size
-            return positions
-        found = []
+            return positions, steps
+        found = []  # (step of the next num_steps, position)
         for index, last in enumerate(lasts):
             alloc = allocs[index]
             stop = end if end < last else last
             if alloc <= stop:
                 while alloc <= stop:
-                    found.append((alloc, index))
+                    found.append((alloc - step, index))
                     alloc += block_size
                 allocs[index] = alloc
+        if not found:
+            return (), ()
         found.sort()
-        return [index for _, index in found]
+        steps, positions = zip(*found)
+        return positions, steps
 
     def finishing(self, low: int) -> list[tuple[int, int]]:
         """(last step, position) of the members whose last step the batch has reached, sorted: the

@@ -18,9 +18,12 @@ after every run.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from servelab.core.decode_batch import DecodeBatch
 from servelab.core.plan import DecodeRunPlan, StepPlan
 from servelab.core.request import Request, RequestStatus
+from servelab.core.run_states import RunStates, run_states
 from servelab.core.scheduler import Scheduler
 
 
@@ -28,6 +31,11 @@ class DecodeRunPlanner:
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         self._batch: DecodeBatch | None = None
+        # The run taken last, for run_states: blocks in use and unfilled slots before it, the steps of
+        # its block allocations, and its departures (step, blocks freed, unfilled slots freed).
+        self._before = (0, 0)
+        self._alloc_steps: Sequence[int] = ()
+        self._departures: list[tuple[int, int, int]] = []
 
     def plan(self, limit: int) -> DecodeRunPlan | None:
         """The longest run (at most limit steps) that schedule() would certainly make of one decode
@@ -57,15 +65,15 @@ class DecodeRunPlanner:
             return None  # the next step preempts someone
         budget = max_num_batched_tokens - batch_size
         if scheduler.waiting:
-            head = scheduler.waiting[0]
-            computed_ids = scheduler.computed_blocks(head) if bm.enable_caching else ()
-            computed = head.num_computed_tokens + len(computed_ids) * bm.block_size
-            head_new = min(head.num_tokens - computed, budget)
-            # Free blocks only shrink until someone finishes, so a head that does not fit now will not
-            # (evicting a cached block it would start from only adds to what it needs).
-            if (budget > 0 and batch_size < scheduler.max_num_seqs and bm.num_blocks_to_allocate(
-                    head.request_id, computed + head_new, computed_ids) <= num_free):
-                return self._run(batch, 1, soonest)
+            if budget > 0 and batch_size < scheduler.max_num_seqs:  # a slot and tokens for the head
+                head = scheduler.waiting[0]
+                computed_ids = scheduler.computed_blocks(head) if bm.enable_caching else ()
+                computed = head.num_computed_tokens + len(computed_ids) * bm.block_size
+                head_new = min(head.num_tokens - computed, budget)
+                # Free blocks only shrink until someone finishes, so a head that does not fit now will not
+                # (evicting a cached block it would start from only adds to what it needs).
+                if bm.num_blocks_to_allocate(head.request_id, computed + head_new, computed_ids) <= num_free:
+                    return self._run(batch, 1, soonest, admits=True)
             num_steps = min(limit, soonest)
         else:
             num_steps = min(limit, max(batch.lasts) - step)
@@ -84,9 +92,9 @@ class DecodeRunPlanner:
             num_steps = low
         return self._run(batch, num_steps, soonest)
 
-    def _run(self, batch: DecodeBatch, num_steps: int, soonest: int) -> DecodeRunPlan:
+    def _run(self, batch: DecodeBatch, num_steps: int, soonest: int, admits: bool = False) -> DecodeRunPlan:
         departures = batch.departures(num_steps, self.scheduler.running) if soonest < num_steps else []
-        return DecodeRunPlan(len(batch.lasts), batch.context_len_sum(), num_steps, soonest, departures)
+        return DecodeRunPlan(len(batch.lasts), batch.context_len_sum(), num_steps, soonest, departures, admits)
 
     def _join(self, batch: DecodeBatch) -> bool:
         """Add the running requests admitted since the batch last grew; False (adding none of the rest)
@@ -100,20 +108,27 @@ class DecodeRunPlanner:
             batch.join(request, len(tables[request.request_id]) * block_size)
         return True
 
-    def schedule(self, run: DecodeRunPlan, num_steps: int, now: float) -> StepPlan:
+    def schedule(self, run: DecodeRunPlan, num_steps: int, now: float) -> StepPlan | None:
         """Take the run's first num_steps (<= run.num_steps) steps: allocate the batch's blocks in the
         order single steps would, and return a StepPlan of what the first step schedules besides the
-        batch's decodes: the waiting requests it admits, as schedule() would (only when num_steps is 1)."""
+        batch's decodes: the waiting requests it admits, as schedule() would. None when it admits nobody
+        for certain (plan() found the waiting head could not join, or nobody waits): a run of several steps,
+        or one not planned to admit. The ids finished meanwhile then wait for the next StepPlan."""
         scheduler = self.scheduler
-        if not scheduler.contiguous:
-            bm = scheduler.block_manager
-            positions = self._batch.take_blocks(num_steps, bm.block_size)
+        bm = scheduler.block_manager
+        if num_steps > 1:
+            self._before = (bm.num_blocks - bm.num_free_blocks, bm.num_reserved_unused_slots())
+        if scheduler.contiguous:
+            self._alloc_steps = ()
+        else:
+            positions, self._alloc_steps = self._batch.take_blocks(num_steps, bm.block_size)
             if positions:
                 running = scheduler.running
                 if bm.append_blocks([running[index].request_id for index in positions]) is None:
                     raise RuntimeError("DecodeRunPlanner.schedule ran out of blocks: num_steps is too large")
-        budget = scheduler.config.max_num_batched_tokens - run.batch_size if num_steps == 1 else 0
-        return scheduler.admit(now, budget)
+        if not run.admits:
+            return None
+        return scheduler.admit(now, scheduler.config.max_num_batched_tokens - run.batch_size)
 
     def advance(self, run: DecodeRunPlan, token_id: int, step_end_times: list[float]) -> list[Request]:
         """Apply the len(step_end_times) steps taken by schedule() (its plan's requests go through
@@ -126,10 +141,12 @@ class DecodeRunPlanner:
             batch.token_id = token_id
         soonest_last = batch.step + run.soonest  # members only left since the run was planned
         num_steps = len(step_end_times)
+        first = batch.step  # the step before the run's first
         batch.step += num_steps
         batch.end_times += step_end_times
         scheduler = self.scheduler
         bm = scheduler.block_manager
+        departures = self._departures = []
         if soonest_last > batch.step:  # everyone took part in every step
             bm.record_decode_tokens(num_steps * len(batch.lasts))
             return []
@@ -140,8 +157,18 @@ class DecodeRunPlanner:
         for (last, _), request in zip(finishing, finished):
             request.times.finished = end_times[last - 1]
             batch.leave(running.index(request), request, bm)
+            num_free, num_unused = bm.num_free_blocks, bm.num_reserved_unused_slots()
             scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
+            departures.append((last - first, bm.num_free_blocks - num_free, num_unused - bm.num_reserved_unused_slots()))
         return finished
+
+    def run_states(self, run: DecodeRunPlan, start: float, step_end_times: list[float]) -> RunStates:
+        """The scheduler's states after each step of the run advance() took last (of more than one step,
+        from start), summed up as its single steps' StepStats would give them."""
+        bm = self.scheduler.block_manager
+        num_used_blocks, num_unused_slots = self._before
+        return run_states(start, step_end_times, run.batch_size, num_used_blocks, num_unused_slots, bm.num_blocks,
+                          bm.block_size, self._alloc_steps, self._departures)
 
     def settle(self) -> None:
         """Write every member's outstanding tokens and timestamps, and end the batch (the next run

@@ -18,6 +18,7 @@ from servelab.core.decode_runs import DecodeRunPlanner
 from servelab.core.messages import EngineCoreOutput
 from servelab.core.plan import DecodeRunPlan, StepPlan, StepResult
 from servelab.core.request import Request, RequestStatus
+from servelab.core.run_states import RunStates
 from servelab.core.scheduler import Scheduler
 
 # Longest decode run priced at once; runs end earlier at the horizon, at finishes and at block shortage.
@@ -56,7 +57,8 @@ class StepStats:
     num_reserved_unused_slots: int
     breakdown: dict[str, float] = field(default_factory=dict)
     # A decode run's steps. Its start and duration span them, token counts are totals over them,
-    # num_running counts step 1 and kv_usage is the mean of before and after the run's allocations.
+    # num_decode_requests counts step 1, and the states (num_running to num_reserved_unused_slots) are
+    # those after its last step, as a step's are after it; run_states sums up those after each step.
     num_steps: int = 1
     # A priced decode run's (number of steps, batch size) segments, in order (the batch shrinks as
     # members finish). Its breakdown is left empty: CostModel.decode_breakdown gives the parts that do
@@ -64,9 +66,11 @@ class StepStats:
     decode_segments: list[tuple[int, int]] = field(default_factory=list)
     # When each of its steps ended (on the clock the requests' token times come from): one per step.
     step_ends: list[float] = field(default_factory=list)
+    # A run of several steps: the means and peaks of the states after each of its steps.
+    run_states: RunStates | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class StepOutputs:
     outputs: list[EngineCoreOutput]
     stats: StepStats | None
@@ -151,12 +155,10 @@ class EngineCore:
             del ends[0]
             num_steps = 1 + bisect_left(ends, horizon, 0, len(ends) - 1)
             del ends[num_steps:]
-        free_before = bm.num_free_blocks
         plan = planner.schedule(run, num_steps, now)
-        free_after = bm.num_free_blocks
         result = None
         if num_steps == 1:
-            if plan.scheduled:
+            if plan is not None and plan.scheduled:
                 result = executor.execute_with_decode_run(run, plan)
                 ends = [now + result.duration]
             elif durations is None:  # planned as one step (a longer run cut to one has its `ends` already)
@@ -166,22 +168,25 @@ class EngineCore:
         end = ends[-1]
         self.clock.advance_to(end)
         outputs = [r.output(None) for r in finished] if finished else []
-        if result is not None:
+        batch_size = run.batch_size
+        if result is None:
+            breakdown, plan_tokens, plan_decode = {}, 0, 0
+            if len(segments) > 1 or segments[0][0] != num_steps:
+                segments, batch_tokens = _first_steps(segments, num_steps)
+            else:
+                batch_tokens = num_steps * batch_size
+        else:
             updated = scheduler.update_from_output(plan, result, end)
             outputs += [r.output(result.sampled.get(r.request_id)) for r in updated]
-            breakdown, segments, batch_tokens = result.breakdown, [], run.batch_size
-        else:
-            breakdown = {}
-            segments, batch_tokens = _first_steps(segments, num_steps)
-        plan_tokens, plan_decode = _plan_counts(plan) if plan.scheduled else (0, 0)
+            breakdown, segments, batch_tokens = result.breakdown, [], batch_size
+            plan_tokens, plan_decode = _plan_counts(plan)
         stats = StepStats(
-            start=now, duration=end - now, num_scheduled_tokens=batch_tokens + plan_tokens,
-            num_prefill_tokens=plan_tokens - plan_decode, num_decode_requests=run.batch_size + plan_decode,
-            num_running=run.batch_size + len(plan.scheduled), num_waiting=len(scheduler.waiting), num_preempted=0,
-            kv_usage=1 - (free_before + free_after) / (2 * bm.num_blocks),
-            num_reserved_unused_slots=bm.num_reserved_unused_slots(), breakdown=breakdown, num_steps=num_steps,
-            decode_segments=segments, step_ends=ends)
-        return StepOutputs(outputs, self._emit(stats))
+            now, end - now, batch_tokens + plan_tokens, plan_tokens - plan_decode, batch_size + plan_decode,
+            len(scheduler.running), len(scheduler.waiting), 0, bm.usage, bm.num_reserved_unused_slots(), breakdown,
+            num_steps, segments, ends, planner.run_states(run, now, ends) if num_steps > 1 else None)
+        if self.stats_sink is not None:
+            self.stats_sink(stats)
+        return StepOutputs(outputs, stats)
 
     def _settle_decode_run(self) -> None:
         """Write the decode batch's lazily kept tokens before anything else reads the running requests."""

@@ -50,7 +50,10 @@ class EngineCoreRequest:
     kv_transfer: KVTransferParams | None = None
 
 
-@dataclass(frozen=True)
+# EngineCoreTimes and EngineCoreOutput are slotted, not frozen: one is built for every token a real engine
+# samples and every request the lab finishes, and a frozen dataclass sets each field through
+# object.__setattr__ (vLLM's EngineCoreOutput is a mutable msgspec Struct too). Nobody changes them.
+@dataclass(slots=True)
 class EngineCoreTimes:
     """A request's timestamps as of one output (engine clock seconds; None until it happened)."""
     arrival: float
@@ -61,7 +64,7 @@ class EngineCoreTimes:
     num_preemptions: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class EngineCoreOutput:
     request_id: str
     new_token: SampledToken | None

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from servelab.sampling_params import SamplingParams
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     """One request's share of a step.
 
@@ -37,7 +37,7 @@ class ScheduledRequest:
         return self.num_computed_tokens + len(self.token_ids)
 
 
-@dataclass
+@dataclass(slots=True)
 class StepPlan:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     # Requests whose executor-side state can be dropped (finished, aborted, or preempted: a
@@ -62,7 +62,7 @@ class SampledToken:
     top_logprobs: list[tuple[int, float]] | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class StepResult:
     sampled: dict[str, SampledToken] = field(default_factory=dict)
     # Seconds the step took: measured by a real executor, predicted by the cost model.
@@ -85,3 +85,5 @@ class DecodeRunPlan:
     # (steps it takes part in, context length in step 1) of each member leaving before step num_steps,
     # by steps taken (empty when soonest >= num_steps): the batch shrinks after each.
     departures: list[tuple[int, int]] = field(default_factory=list)
+    # A one-step run whose step admits the waiting head (and maybe more), as schedule() would.
+    admits: bool = False

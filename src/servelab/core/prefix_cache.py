@@ -14,16 +14,16 @@ from collections.abc import Iterable, Sequence
 class PrefixCache:
     def __init__(self) -> None:
         self._block_ids: dict[bytes, int] = {}
-        self._hashes: dict[int, bytes] = {}
+        self.cached_hashes: dict[int, bytes] = {}  # block id -> hash; read-only outside (a cheap emptiness test)
 
     def __len__(self) -> int:
-        return len(self._hashes)
+        return len(self.cached_hashes)
 
     def __contains__(self, block_hash: bytes) -> bool:
         return block_hash in self._block_ids
 
     def block_hash(self, block_id: int) -> bytes | None:
-        return self._hashes.get(block_id)
+        return self.cached_hashes.get(block_id)
 
     def lookup(self, block_hashes: Iterable[bytes]) -> list[int]:
         """The blocks of the longest cached prefix of the hash chain block_hashes, in order."""
@@ -38,20 +38,20 @@ class PrefixCache:
     def insert(self, block_hash: bytes, block_id: int) -> None:
         """Enter a block whose KV is computed. A hash already cached keeps its block."""
         if block_hash not in self._block_ids:
-            if block_id in self._hashes:
+            if block_id in self.cached_hashes:
                 raise RuntimeError(f"block {block_id} is cached already")
             self._block_ids[block_hash] = block_id
-            self._hashes[block_id] = block_hash
+            self.cached_hashes[block_id] = block_hash
 
     def evict(self, block_ids: Sequence[int]) -> None:
         """Forget the blocks about to be overwritten (those not cached are skipped)."""
-        hashes = self._hashes
+        hashes = self.cached_hashes
         for block_id in block_ids:
             block_hash = hashes.pop(block_id, None)
             if block_hash is not None:
                 del self._block_ids[block_hash]
 
     def check_invariants(self) -> None:
-        if len(self._block_ids) != len(self._hashes) or any(
-                self._hashes.get(block_id) != block_hash for block_hash, block_id in self._block_ids.items()):
+        if len(self._block_ids) != len(self.cached_hashes) or any(
+                self.cached_hashes.get(block_id) != block_hash for block_hash, block_id in self._block_ids.items()):
             raise AssertionError("prefix cache: hash -> block and block -> hash maps disagree")

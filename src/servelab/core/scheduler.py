@@ -242,6 +242,8 @@ class Scheduler:
         num_prompt = len(request.prompt_token_ids)
         if start >= num_prompt:
             token_ids = request.output_token_ids[start - num_prompt:end - num_prompt]
+        elif start == 0 and end == num_prompt:  # the whole prompt: no copy (nobody writes a plan's token ids)
+            token_ids = request.prompt_token_ids
         else:
             token_ids = request.token_ids_slice(start, end)
         plan.scheduled.append(ScheduledRequest(

@@ -281,7 +281,7 @@ class CostModel:
         return self.step_time(batch_size, batch_size, batch_size, s, s + batch_size)["total"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepTotals:
     """What the cost model prices a StepPlan by."""
     num_tokens: int
@@ -294,23 +294,22 @@ class StepTotals:
 
 def plan_totals(plan: StepPlan) -> StepTotals:
     """The executor's step arithmetic, also what calibration fits measured steps by."""
-    num_tokens = num_sampled = num_pairs = num_kv_tokens = 0
+    num_tokens = num_sampled = num_pairs = num_kv_tokens = num_arrivals = 0
     for s in plan.scheduled:
         n = len(s.token_ids)
-        context = s.num_computed_tokens + n
+        computed = s.num_computed_tokens
+        context = computed + n
         num_tokens += n
         # new tokens at positions context-n+1 .. context attend causally
         num_pairs += n * context - n * (n - 1) // 2
         num_kv_tokens += context + n
         if s.sample:
             num_sampled += 1
-    return StepTotals(num_tokens, num_sampled, len(plan.scheduled), num_pairs, num_kv_tokens, _num_arrivals(plan))
-
-
-def _num_arrivals(plan: StepPlan) -> int:
-    """Requests this step starts from their first token: new ones (and one preempted by recompute,
-    which pays again; preemption is rare enough not to matter)."""
-    return sum(1 for s in plan.scheduled if s.prompt_token_ids is not None and s.num_computed_tokens == 0)
+        # starts from its first token: a new request (or one preempted by recompute, which pays again;
+        # preemption is rare enough not to matter)
+        if computed == 0 and s.prompt_token_ids is not None:
+            num_arrivals += 1
+    return StepTotals(num_tokens, num_sampled, len(plan.scheduled), num_pairs, num_kv_tokens, num_arrivals)
 
 
 class CostModelExecutor:
@@ -336,10 +335,6 @@ class CostModelExecutor:
 
     def _sampled(self, plan: StepPlan) -> dict[str, SampledToken]:
         return {s.request_id: self._token for s in plan.scheduled if s.sample}
-
-    def _plan_totals(self, plan: StepPlan) -> tuple[int, int, int, int, dict[str, SampledToken]]:
-        t = plan_totals(plan)
-        return t.num_tokens, t.num_sampled, t.num_pairs, t.num_kv_tokens, self._sampled(plan)
 
     def price_decode_run(self, run: DecodeRunPlan, within: float = float("inf")) -> tuple[list[float], list[tuple[int, int]]]:
         """Durations of the steps of a multi-step decode run (DecodeRunPlanner.plan), each priced as
@@ -393,9 +388,9 @@ class CostModelExecutor:
         """One step of a one-step decode run plus the requests its plan admits, priced as execute()
         prices the whole StepPlan single steps would make; sampled tokens for the plan's requests."""
         batch_size, context_sum = run.batch_size, run.context_len_sum
-        num_tokens, num_sampled, num_pairs, num_kv_tokens, sampled = self._plan_totals(plan)
-        parts = self.cost_model.step_time(batch_size + num_tokens, batch_size + num_sampled,
-                                          batch_size + len(plan.scheduled), context_sum + num_pairs,
-                                          context_sum + batch_size + num_kv_tokens, _num_arrivals(plan))
-        return StepResult(sampled=sampled, duration=parts.pop("total"), breakdown=parts)
+        t = plan_totals(plan)
+        parts = self.cost_model.step_time(batch_size + t.num_tokens, batch_size + t.num_sampled,
+                                          batch_size + t.num_requests, context_sum + t.num_pairs,
+                                          context_sum + batch_size + t.num_kv_tokens, t.num_arrivals)
+        return StepResult(self._sampled(plan), parts.pop("total"), parts)
 

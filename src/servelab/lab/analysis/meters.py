@@ -26,19 +26,25 @@ NUM_SERIES_POINTS = 40
 
 @dataclass
 class StepColumns:
-    """One instance's StepStats as columns, in step order."""
+    """One instance's StepStats as columns, in step order. Means and peaks of the states after each step,
+    those of a decode run taken from its RunStates: what single steps would give (waiting stays put
+    during a run). The batch is full (max_num_seqs running) for peak_running_s of an entry at most."""
     role: str
     starts: Sequence[float]
     durations: Sequence[float]
-    running: Sequence[int]
+    running: Sequence[float]
+    peak_running: Sequence[int]
+    peak_running_s: Sequence[float]
     waiting: Sequence[int]
     kv_usage: Sequence[float]
-    reserved_unused: Sequence[int]
+    peak_kv_usage: Sequence[float]
+    reserved_unused: Sequence[float]
 
     @classmethod
     def of(cls, role: str, log: StepLog) -> "StepColumns":
-        return cls(role, *map(log.column, ("start", "duration", "num_running", "num_waiting", "kv_usage",
-                                           "num_reserved_unused_slots")))
+        return cls(role, *map(log.column, ("start", "duration", "mean_running", "peak_running", "peak_running_s",
+                                           "num_waiting", "mean_kv_usage", "peak_kv_usage",
+                                           "mean_reserved_unused_slots")))
 
 
 def breakdown_totals(log: StepLog, cost_model: CostModel) -> dict[str, float]:
@@ -87,7 +93,7 @@ def compute_meters(result: SimulationResult, metrics: dict, ttft_target_ms: floa
     num_preemptions = sum(r.num_preemptions for r in requests)
 
     usage = [_weighted_mean(i.kv_usage, i.durations, duration) for i in instances]
-    peak_usage = max((max(i.kv_usage, default=0.0) for i in instances), default=0.0)
+    peak_usage = max((max(i.peak_kv_usage, default=0.0) for i in instances), default=0.0)
     kv = {"num_blocks": mem.num_blocks, "block_size": d.block_size, "peak_usage": peak_usage,
           "mean_usage": float(np.mean(usage)), "num_preemptions": num_preemptions}
     if d.scheduler_config.contiguous:
@@ -152,12 +158,12 @@ def _decode_capacity(result, metrics, cost, serving, max_seqs, pool_slots) -> di
 
 
 def _batch_slots(result, serving, max_seqs, duration) -> dict:
-    full = sum(dur for inst in serving for dur, run, wait in zip(inst.durations, inst.running, inst.waiting)
+    full = sum(dur for inst in serving for dur, run, wait in zip(inst.peak_running_s, inst.peak_running, inst.waiting)
                if run >= max_seqs and wait > 0)
     mean_running = float(np.mean([_weighted_mean(i.running, i.durations, duration) for i in serving]))
     full_share = full / (duration * len(serving)) if duration > 0 else 0.0
     return {"max_num_seqs": max_seqs, "mean_running": mean_running,
-            "peak_running": max((max(i.running, default=0) for i in serving), default=0),
+            "peak_running": max((max(i.peak_running, default=0) for i in serving), default=0),
             "mean_saturation": mean_running / max_seqs, "full_with_waiting_share": full_share,
             "bottleneck": full_share >= SLOTS_FULL_SHARE}
 

@@ -60,7 +60,7 @@ def compact_token_times(token_times: list[float], timeline: array) -> Sequence[f
     return array("d", token_times)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SimulatedRequest:
     request_id: str
     arrival_time: float

@@ -61,5 +61,6 @@ class Instance:
         if out.stats is None:
             return None
         requests = self._requests
-        self.pending_finished = [requests.pop(o.request_id) for o in out.outputs if o.finished] if out.outputs else []
-        return core.clock.now()
+        self.pending_finished = ([requests.pop(o.request_id) for o in out.outputs if o.finish_reason is not None]
+                                 if out.outputs else [])
+        return out.stats.step_ends[-1]  # the clock's time now

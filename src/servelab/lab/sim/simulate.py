@@ -220,18 +220,21 @@ class _Simulation:
 
     def _step(self, instance: Instance, now: float, next_index: int) -> None:
         """next_index: the workload's first request that has not arrived yet."""
-        self._retire(instance, instance.pending_finished)
-        instance.pending_finished = []
+        scheduler = instance.core.scheduler
+        if instance.pending_finished:
+            self._retire(instance, instance.pending_finished)
+            instance.pending_finished = []
         horizon = self._horizon(instance, next_index)
-        end = instance.step(now, horizon) if instance.has_unfinished_requests() else None
+        end = instance.step(now, horizon) if scheduler.waiting or scheduler.running else None
         # Steps (or runs) that end before the horizon are invisible from outside until then, so the
         # instance carries on without a trip through the heap; so are finishes before the horizon. Not
         # for prefill instances: their finishes pick a decode instance by the others' current load.
         chain = instance.multi_step and instance.role != "prefill"
         while chain and end is not None and end < horizon:
-            self._retire(instance, instance.pending_finished)
-            instance.pending_finished = []
-            if not instance.has_unfinished_requests():
+            if instance.pending_finished:
+                self._retire(instance, instance.pending_finished)
+                instance.pending_finished = []
+            if not (scheduler.waiting or scheduler.running):  # Instance.has_unfinished_requests()
                 break
             end = instance.step(end, horizon)
         if end is None or not instance.pending_finished and not instance.has_unfinished_requests():
@@ -250,8 +253,8 @@ class _Simulation:
         heapq.heappush(self.heap, (end, _STEP, next(self.seq), instance))
 
     def _retire(self, instance: Instance, finished: list[Request]) -> None:
+        instance.num_outstanding -= len(finished)
         for request in finished:
-            instance.num_outstanding -= 1
             self._finish(instance, request, request.times.finished)
 
     def _horizon(self, instance: Instance, next_index: int) -> float:

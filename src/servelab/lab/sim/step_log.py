@@ -3,8 +3,8 @@
 A StepLog is a sequence of StepStats (each rebuilt on access, equal to the one appended) whose fields
 are packed arrays, one per field; the meters read the columns. Entries arrive as tuples and are packed
 a few thousand at a time (a packed array grows slowly one value at a time). A step's breakdown and a
-decode run's segments are kept only for the entries that have them (steps have a breakdown, priced runs
-segments). Every step's end goes to one timeline, in order, at once: a request that made one token a
+decode run's segments and a run's states (core/run_states.py) are kept only for the entries that have them
+(steps have a breakdown, priced runs segments, runs of several steps states). Every step's end goes to one timeline, in order, at once: a request that made one token a
 step has its token times there (finished.py).
 """
 from __future__ import annotations
@@ -16,12 +16,18 @@ from operator import attrgetter
 from typing import Iterator
 
 from servelab.core.engine import StepStats
+from servelab.core.run_states import FIELDS as RUN_STATE_FIELDS, RunStates
 
 BREAKDOWN_KEYS = ("weights", "attention", "communication", "overhead")  # the cost model's, in its order
 _FIELDS = ("start", "duration", "kv_usage", "num_scheduled_tokens", "num_prefill_tokens", "num_decode_requests",
            "num_running", "num_waiting", "num_preempted", "num_reserved_unused_slots", "num_steps")
 _NUM_FLOATS = 3
 _row_of = attrgetter(*_FIELDS)
+_run_states_row = attrgetter(*RUN_STATE_FIELDS)
+# A RunStates field's value for an entry without one: the column it sums up.
+_STATE_OF_A_STEP = {"mean_running": "num_running", "mean_kv_usage": "kv_usage",
+                    "mean_reserved_unused_slots": "num_reserved_unused_slots", "peak_running": "num_running",
+                    "peak_running_s": "duration", "peak_kv_usage": "kv_usage"}
 _PACK_EVERY = 256  # small: a stopped replica keeps what it has not packed
 
 
@@ -40,7 +46,10 @@ class StepLog:
         self._segments_index = array("i")
         self._segments_start = array("i")
         self._segment_rows = array("i")  # (number of steps, batch size) pairs, flat
-        self._pending_extras: list[tuple[int, dict[str, float], list[tuple[int, int]]]] = []
+        # entries with run states: their index, then their values row by row
+        self._states_index = array("i")
+        self._states_values = array("d")
+        self._pending_extras: list[tuple[int, dict[str, float], list[tuple[int, int]], RunStates | None]] = []
         self.timeline = array("d")  # every entry's step_ends, entry after entry
 
     def append(self, s: StepStats) -> None:
@@ -48,8 +57,8 @@ class StepLog:
             raise ValueError(f"a StepStats of {s.num_steps} steps with {len(s.step_ends)} step ends")
         self._rows.append(_row_of(s))
         self.timeline.fromlist(s.step_ends)
-        if s.breakdown or s.decode_segments:
-            self._pending_extras.append((self._num, s.breakdown, s.decode_segments))
+        if s.breakdown or s.decode_segments or s.run_states is not None:
+            self._pending_extras.append((self._num, s.breakdown, s.decode_segments, s.run_states))
         self._num += 1
         if len(self._rows) >= _PACK_EVERY:
             self._pack()
@@ -66,22 +75,48 @@ class StepLog:
                 if len(self._timeline_starts) else 0
             self._timeline_starts.fromlist(list(accumulate(num_steps[:-1], initial=first)))
         extras, self._pending_extras = self._pending_extras, []
-        for index, breakdown, segments in extras:
+        if not extras:
+            return
+        # gathered in lists and packed once: most entries have a breakdown or segments
+        breakdown_index, breakdown_values, states_index, states_values = [], [], [], []
+        segments_index, segments_start, segment_rows = [], [], []
+        num_segment_values = len(self._segment_rows)
+        for index, breakdown, segments, states in extras:
             if breakdown:
                 if tuple(breakdown) == BREAKDOWN_KEYS:
-                    self._breakdown_index.append(index)
-                    self._breakdown_values.fromlist(list(breakdown.values()))
+                    breakdown_index.append(index)
+                    breakdown_values += breakdown.values()
                 else:
                     self._other_breakdowns[index] = dict(breakdown)
             if segments:
-                self._segments_index.append(index)
-                self._segments_start.append(len(self._segment_rows))
-                self._segment_rows.fromlist(list(chain.from_iterable(segments)))
+                segments_index.append(index)
+                segments_start.append(num_segment_values + len(segment_rows))
+                segment_rows += chain.from_iterable(segments)
+            if states is not None:
+                states_index.append(index)
+                states_values += _run_states_row(states)
+        self._breakdown_index.fromlist(breakdown_index)
+        self._breakdown_values.fromlist(breakdown_values)
+        self._segments_index.fromlist(segments_index)
+        self._segments_start.fromlist(segments_start)
+        self._segment_rows.fromlist(segment_rows)
+        self._states_index.fromlist(states_index)
+        self._states_values.fromlist(states_values)
 
     def column(self, name: str) -> list:
-        """One field over all entries, in order, as Python numbers."""
+        """One field over all entries, in order, as Python numbers; or one field of RunStates, an entry
+        without them giving the state it has (or for peak_running_s its duration)."""
         self._pack()
-        return self._columns[name].tolist()
+        if name not in _STATE_OF_A_STEP:
+            return self._columns[name].tolist()
+        values = self._columns[_STATE_OF_A_STEP[name]].tolist()
+        width, k = len(RUN_STATE_FIELDS), RUN_STATE_FIELDS.index(name)
+        states = self._states_values[k::width].tolist()
+        if name == "peak_running":
+            states = list(map(int, states))
+        for index, value in zip(self._states_index, states):
+            values[index] = value
+        return values
 
     def __len__(self) -> int:
         return self._num
@@ -95,7 +130,7 @@ class StepLog:
         start = self._timeline_starts[index]
         ends = self.timeline[start:start + fields["num_steps"]].tolist()
         return StepStats(**fields, breakdown=self.breakdown(index), decode_segments=self.decode_segments(index),
-                         step_ends=ends)
+                         step_ends=ends, run_states=self.run_states(index))
 
     def __iter__(self) -> Iterator[StepStats]:
         return (self[index] for index in range(len(self)))
@@ -116,6 +151,16 @@ class StepLog:
         stop = self._segments_start[row + 1] if row + 1 < len(self._segments_start) else len(self._segment_rows)
         flat = self._segment_rows[start:stop]
         return list(zip(flat[::2], flat[1::2]))
+
+    def run_states(self, index: int) -> RunStates | None:
+        self._pack()
+        row = _row(self._states_index, index)
+        if row is None:
+            return None
+        width = len(RUN_STATE_FIELDS)
+        values = self._states_values[width * row:width * row + width].tolist()
+        values[RUN_STATE_FIELDS.index("peak_running")] = int(values[RUN_STATE_FIELDS.index("peak_running")])
+        return RunStates(*values)
 
     def run_indices(self) -> list[int]:
         """The entries with decode segments (priced runs), in order."""
