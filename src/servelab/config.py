@@ -35,6 +35,11 @@ class SchedulerConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 1024
     max_model_len: int = 2048
+    # Continuous batching only. True: a step carries prefill chunks beside the decodes (vLLM's chunked
+    # prefill, V1's only mode). False: waiting prompts get a step of their own while the running requests'
+    # decodes wait (vLLM V0 without --enable-chunked-prefill, as multi-step scheduling required in 0.6.0;
+    # SGLang without --enable-mixed-chunk); a prompt is split only when it alone exceeds the budget.
+    mixed_batches: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in SCHEDULE_POLICIES:

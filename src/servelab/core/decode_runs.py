@@ -55,7 +55,9 @@ class DecodeRunPlanner:
         num_free = bm.num_free_blocks
         if batch_size > num_free and batch.allocs.count(step + 1) > num_free:
             return None  # the next step preempts someone
-        budget = max_num_batched_tokens - batch_size
+        mixed = scheduler.config.mixed_batches
+        # with mixed batches the head joins the batch's step; without, it gets a step of its own
+        budget = max_num_batched_tokens - batch_size if mixed else max_num_batched_tokens
         if scheduler.waiting:
             head = scheduler.waiting[0]
             computed_ids = scheduler.computed_blocks(head) if bm.enable_caching else ()
@@ -65,7 +67,7 @@ class DecodeRunPlanner:
             # (evicting a cached block it would start from only adds to what it needs).
             if (budget > 0 and batch_size < scheduler.max_num_seqs and bm.num_blocks_to_allocate(
                     head.request_id, computed + head_new, computed_ids) <= num_free):
-                return self._run(batch, 1, soonest)
+                return self._run(batch, 1, soonest) if mixed else None
             num_steps = min(limit, soonest)
         else:
             num_steps = min(limit, max(batch.lasts) - step)

@@ -133,18 +133,27 @@ class Scheduler:
         if self.contiguous:
             if not self.running:
                 self._admit_static_batch(now)
+        elif not self.config.mixed_batches and self.waiting and not self._continues_prefill():
+            self._admit_continuous(plan, budget, now)  # a prefill step of its own; the decodes wait
+            if plan.scheduled:
+                return plan
         budget = self._schedule_running(plan, budget, now)
-        if not self.contiguous and not plan.preempted_request_ids:
+        if not self.contiguous and not plan.preempted_request_ids and self.config.mixed_batches:
             self._admit_continuous(plan, budget, now)
         return plan
+
+    def _continues_prefill(self) -> bool:
+        """A running request has prompt tokens left (its prompt alone outgrew the budget): finish it first."""
+        return any(r.num_computed_tokens < len(r.prompt_token_ids) for r in self.running)
 
     def admit(self, now: float, budget: int) -> StepPlan:
         """The rest of a step whose running requests were all planned elsewhere, by a decode run
         (core/decode_runs.py): the ids finished since the last plan, and the waiting requests admitted
-        into budget tokens, as schedule() admits them after the running ones (stages 3+ only)."""
+        into budget tokens, as schedule() admits them after the running ones (stages 3+ with mixed
+        batches only: without, admissions take a step of their own, which a decode run never is)."""
         plan = StepPlan(finished_request_ids=self._finished_ids)
         self._finished_ids = []
-        if not self.contiguous:
+        if not self.contiguous and self.config.mixed_batches:
             self._admit_continuous(plan, budget, now)
         return plan
 
@@ -206,6 +215,8 @@ class Scheduler:
             computed_ids = self.computed_blocks(request) if bm.enable_caching else ()
             computed = request.num_computed_tokens + len(computed_ids) * bm.block_size
             num_new = min(request.num_tokens - computed, budget)
+            if num_new < request.num_tokens - computed and plan.scheduled and not self.config.mixed_batches:
+                break  # without mixed batches a prompt is split only when it alone exceeds the budget
             if bm.allocate_slots(request.request_id, computed + num_new, computed_ids) is None:
                 break
             if request.cache_prefix and bm.enable_caching and not request.num_computed_tokens:
