@@ -101,7 +101,8 @@ class Deployment:
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(policy=self.schedule, max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=self.max_num_batched_tokens,
-                               max_model_len=self.model.max_position_embeddings, mixed_batches=self.mixed_batches)
+                               max_model_len=self.model.max_position_embeddings, mixed_batches=self.mixed_batches,
+                               num_scheduler_steps=self.num_scheduler_steps)
 
     def cost_model(self) -> CostModel:
         return CostModel(self.model, self.device, self.efficiency, self.tensor_parallel_size, self.dtype,
