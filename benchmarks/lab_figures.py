@@ -1,5 +1,7 @@
 """The lab's figures for the issue's closing note: Llama-3.1-8B on one H100 and Llama-3.1-70B on 4x H100
-(TP 4), ShareGPT-like workload, 1, 4 and 16 requests/s. Writes benchmarks/results/lab_figures.{json,md}.
+(TP 4), ShareGPT-like workload, 1, 4 and 16 requests/s, priced as `servelab lab simulate` prices them by
+default (the shipped calibration, engine vllm, one step per scheduling pass, mixed batches). Writes
+benchmarks/results/lab_figures.{json,md}.
 
     .venv/bin/python benchmarks/lab_figures.py
 """
@@ -8,9 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from servelab.lab.catalog import get_device, get_model
-from servelab.lab.sim.deployment import Deployment
 from servelab.lab.analysis.evaluate import evaluate
+from servelab.lab.api import DeploymentRequest
 from servelab.workload import WorkloadConfig, generate_workload
 
 SHAPES = [("llama-3.1-8b", 1, 1), ("llama-3.1-70b", 4, 4)]
@@ -23,7 +24,7 @@ KEYS = ["request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_m
 def main() -> None:
     rows = []
     for model, num_gpus, tp in SHAPES:
-        d = Deployment(get_model(model), get_device("h100"), num_gpus=num_gpus, tensor_parallel_size=tp)
+        d = DeploymentRequest(model=model, gpu="h100", num_gpus=num_gpus, tp=tp).build()
         for rate in RATES:
             w = generate_workload(WorkloadConfig(dataset="sharegpt-like", num_prompts=NUM_PROMPTS, request_rate=rate))
             e = evaluate(d, w)
@@ -45,7 +46,8 @@ def main() -> None:
                      f"{r['p99_tpot_ms']:.1f} | {r['median_e2el_ms'] / 1000:.2f} | {r['mean_running']:.1f} | "
                      f"{r['kv_peak_usage']:.0%} |")
     table = "\n".join(lines)
-    (out / "lab_figures.md").write_text(f"# Lab figures (ShareGPT-like, {NUM_PROMPTS} requests, seed 0)\n\n"
+    (out / "lab_figures.md").write_text(f"# Lab figures (ShareGPT-like, {NUM_PROMPTS} requests, seed 0, "
+                                        f"calibration public, engine vllm)\n\n"
                                         f"{table}\n\nCommand: `python benchmarks/lab_figures.py`\n")
     print(table)
 

@@ -35,10 +35,20 @@ class SchedulerConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 1024
     max_model_len: int = 2048
+    # Continuous batching only. True: a step carries prefill chunks beside the decodes (vLLM's chunked
+    # prefill, V1's only mode). False: waiting prompts get a step of their own while the running requests'
+    # decodes wait (vLLM V0 without --enable-chunked-prefill, as multi-step scheduling required in 0.6.0;
+    # SGLang without --enable-mixed-chunk); a prompt is split only when it alone exceeds the budget.
+    mixed_batches: bool = True
+    # Without mixed batches: one scheduling pass plans this many decode steps (vLLM V0's multi-step
+    # scheduling), so waiting prompts are admitted only between passes.
+    num_scheduler_steps: int = 1
 
     def __post_init__(self) -> None:
         if self.policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULE_POLICIES)}, got {self.policy!r}")
+        if self.num_scheduler_steps < 1:
+            raise ValueError(f"num_scheduler_steps must be >= 1, got {self.num_scheduler_steps}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:

@@ -23,10 +23,11 @@ class PositionExecutor:
         return StepResult(sampled=sampled, duration=0.01)
 
 
-def make_engine(policy="continuous", num_blocks=64, block_size=4, max_num_seqs=8, budget=64):
+def make_engine(policy="continuous", num_blocks=64, block_size=4, max_num_seqs=8, budget=64, mixed_batches=True,
+                num_scheduler_steps=1):
     bm = BlockManager(num_blocks, block_size)
-    scheduler = Scheduler(SchedulerConfig(policy=policy, max_num_seqs=max_num_seqs,
-                                           max_num_batched_tokens=budget), bm)
+    scheduler = Scheduler(SchedulerConfig(policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                                          mixed_batches=mixed_batches, num_scheduler_steps=num_scheduler_steps), bm)
     executor = PositionExecutor()
     return EngineCore(scheduler, executor, VirtualClock()), executor
 
@@ -75,6 +76,46 @@ def test_continuous_admits_while_others_decode():
     assert [(s.request_id, len(s.token_ids)) for s in ex.plans[1].scheduled] == [("a", 1), ("b", 4)]
     outs += run(engine)
     assert finished_tokens(outs) == {"b": [1004, 1005], "a": [1004, 1005, 1006, 1007, 1008]}
+
+
+def test_without_mixed_batches_prefills_run_alone_and_decodes_wait():
+    engine, ex = make_engine(budget=16, mixed_batches=False)
+    engine.add_request(req("a", 4, 5))
+    outs = engine.step().outputs
+    engine.add_request(req("b", 4, 2))
+    engine.add_request(req("c", 14, 2))
+    outs += engine.step().outputs  # b's prefill alone: c's whole prompt does not fit beside it, a waits
+    outs += engine.step().outputs  # then c's
+    outs += engine.step().outputs  # then the three decode together
+    assert [[(s.request_id, len(s.token_ids)) for s in p.scheduled] for p in ex.plans] == [
+        [("a", 4)], [("b", 4)], [("c", 14)], [("a", 1), ("b", 1), ("c", 1)]]
+    outs += run(engine)
+    assert finished_tokens(outs) == {"b": [1004, 1005], "c": [1014, 1015], "a": [1004, 1005, 1006, 1007, 1008]}
+
+
+def test_without_mixed_batches_a_prompt_over_the_budget_is_still_split():
+    engine, ex = make_engine(budget=6, mixed_batches=False)
+    engine.add_request(req("a", 10, 2))
+    engine.add_request(req("b", 3, 1))
+    outs = run(engine)
+    # a's prompt alone exceeds the budget: chunks of 6 and 4, b waits for a's prompt to finish
+    assert [[(s.request_id, len(s.token_ids)) for s in p.scheduled] for p in ex.plans][:3] == [
+        [("a", 6)], [("a", 4)], [("b", 3)]]
+    assert finished_tokens(outs) == {"a": [1010, 1011], "b": [1003]}
+
+
+def test_without_mixed_batches_prompts_wait_for_the_multi_step_pass_to_end():
+    engine, ex = make_engine(budget=16, mixed_batches=False, num_scheduler_steps=3)
+    engine.add_request(req("a", 4, 6))
+    engine.step()  # a's prefill, then a pass of 3 decode steps
+    engine.step()
+    engine.add_request(req("b", 4, 2))
+    engine.step()
+    engine.step()  # b waits for the pass to end
+    engine.step()  # b's prefill
+    engine.step()  # the next pass: a and b together
+    assert [[(s.request_id, len(s.token_ids)) for s in p.scheduled] for p in ex.plans] == [
+        [("a", 4)], [("a", 1)], [("a", 1)], [("a", 1)], [("b", 4)], [("a", 1), ("b", 1)]]
 
 
 def test_block_tables_are_exact():

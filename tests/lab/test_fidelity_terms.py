@@ -88,3 +88,18 @@ def test_requests_are_capped_only_where_the_metric_stands_still():
     assert stable_cap(overload, profile, 50) is None
     at_once = replace(overload, workload=replace(overload.workload, request_rate=math.inf))
     assert stable_cap(at_once, profile, 50) is None
+
+
+def test_prefill_steps_of_their_own_stall_decodes_more_as_arrivals_grow():
+    # vLLM V0 without chunked prefill (and SGLang without mixed chunks) prefills in steps of its own: each
+    # arrival stalls every running decode for a whole step, weight read included, instead of adding its
+    # chunk's compute to a decode step
+    from servelab.lab.api import DeploymentRequest, SimulateRequest, simulate
+
+    def tpot(rate: float, mixed: bool) -> float:
+        workload = WorkloadConfig(num_prompts=120, input_len=200, output_len=100, request_rate=rate)
+        deployment = DeploymentRequest(model="llama-3.1-8b", gpu="h100", mixed_batches=mixed)
+        return simulate(SimulateRequest(deployment, workload)).evaluation.metrics["median_tpot_ms"]
+
+    low, high = (tpot(rate, False) / tpot(rate, True) for rate in (2.0, 16.0))
+    assert 1 < low < high

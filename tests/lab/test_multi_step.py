@@ -53,10 +53,14 @@ def make_engine(config=SchedulerConfig(), num_blocks=16, block_size=4, decode_ru
     return engine, stats
 
 
-def make(policy, num_blocks, block_size, max_num_seqs, budget, spread, seed, decode_runs, shared_prefixes=False):
-    """shared_prefixes: prefix caching on, and each prompt one of 3 prefixes then a suffix of its own."""
+def make(policy, num_blocks, block_size, max_num_seqs, budget, spread, seed, decode_runs, shared_prefixes=False,
+         mixed_batches=True, num_scheduler_steps=1):
+    """shared_prefixes: prefix caching on, and each prompt one of 3 prefixes then a suffix of its own.
+    mixed_batches=False: prefills in steps of their own, admitted between passes of num_scheduler_steps
+    decode steps (SchedulerConfig)."""
     rng = random.Random(seed)
-    config = SchedulerConfig(policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget)
+    config = SchedulerConfig(policy=policy, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                             mixed_batches=mixed_batches, num_scheduler_steps=num_scheduler_steps)
     arrivals = []  # (arrival step, request)
     for i in range(12):
         prompt, out = rng.randint(1, 14), rng.randint(1, 12)
@@ -117,17 +121,20 @@ CASES = [  # policy, num_blocks, block_size, max_num_seqs, budget, arrival sprea
 ]
 
 
+@pytest.mark.parametrize("mixed_batches, num_scheduler_steps", [(True, 1), (False, 1), (False, 3)],
+                         ids=["", "prefill-steps-alone", "prefill-steps-alone-3-step-passes"])
 @pytest.mark.parametrize("shared_prefixes", [False, True], ids=["", "prefix-caching"])
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5])
-def test_runs_match_single_steps(case, seed, shared_prefixes):
+def test_runs_match_single_steps(case, seed, shared_prefixes, mixed_batches, num_scheduler_steps):
     """Also: after every run the block manager's reserved-unused count is the single steps' one, and
     the StepStats the engine emits carries it. With prefix caching, the same blocks are found cached."""
-    if shared_prefixes and case[0] != "continuous":
-        pytest.skip("prefix caching is for paged allocation")
-    single_snaps, single_out = drive(*make(*case, seed, decode_runs=False, shared_prefixes=shared_prefixes),
-                                     rng=random.Random(seed))
-    (engine, stats), arrivals = make(*case, seed, decode_runs=True, shared_prefixes=shared_prefixes)
+    if (shared_prefixes or not mixed_batches) and case[0] != "continuous":
+        pytest.skip("prefix caching and mixed batches are for paged allocation")
+    flags = dict(shared_prefixes=shared_prefixes, mixed_batches=mixed_batches,
+                 num_scheduler_steps=num_scheduler_steps)
+    single_snaps, single_out = drive(*make(*case, seed, decode_runs=False, **flags), rng=random.Random(seed))
+    (engine, stats), arrivals = make(*case, seed, decode_runs=True, **flags)
     multi_snaps, multi_out = drive((engine, stats), arrivals, rng=random.Random(seed))
     assert multi_out == single_out
     assert set(multi_snaps) <= set(single_snaps)

@@ -63,17 +63,19 @@ class DecodeRunPlanner:
         num_free = bm.num_free_blocks
         if batch_size > num_free and batch.allocs.count(step + 1) > num_free:
             return None  # the next step preempts someone
-        budget = max_num_batched_tokens - batch_size
-        if scheduler.waiting:
-            if budget > 0 and batch_size < scheduler.max_num_seqs:  # a slot and tokens for the head
-                head = scheduler.waiting[0]
-                computed_ids = scheduler.computed_blocks(head) if bm.enable_caching else ()
-                computed = head.num_computed_tokens + len(computed_ids) * bm.block_size
-                head_new = min(head.num_tokens - computed, budget)
-                # Free blocks only shrink until someone finishes, so a head that does not fit now will not
-                # (evicting a cached block it would start from only adds to what it needs).
-                if bm.num_blocks_to_allocate(head.request_id, computed + head_new, computed_ids) <= num_free:
-                    return self._run(batch, 1, soonest, admits=True)
+        mixed = scheduler.config.mixed_batches
+        # with mixed batches the head joins the batch's step; without, it gets a step of its own
+        budget = max_num_batched_tokens - batch_size if mixed else max_num_batched_tokens
+        if scheduler.waiting and scheduler.pass_length > 1:
+            # multi-step passes: nobody is admitted before the pass ends, finishes or not
+            if scheduler.between_passes() and self._head_fits(batch_size, budget, num_free):
+                return None  # the next step is a prefill of its own
+            num_steps = min(limit, scheduler.steps_to_pass_end(), max(batch.lasts) - step)
+        elif scheduler.waiting:
+            # Free blocks only shrink until someone finishes, so a head that does not fit now will not
+            # (evicting a cached block it would start from only adds to what it needs).
+            if self._head_fits(batch_size, budget, num_free):
+                return self._run(batch, 1, soonest, admits=True) if mixed else None
             num_steps = min(limit, soonest)
         else:
             num_steps = min(limit, max(batch.lasts) - step)
@@ -91,6 +93,17 @@ class DecodeRunPlanner:
                     high = mid
             num_steps = low
         return self._run(batch, num_steps, soonest)
+
+    def _head_fits(self, batch_size: int, budget: int, num_free: int) -> bool:
+        """Whether schedule() would admit the waiting head now."""
+        scheduler = self.scheduler
+        bm = scheduler.block_manager
+        head = scheduler.waiting[0]
+        computed_ids = scheduler.computed_blocks(head) if bm.enable_caching else ()
+        computed = head.num_computed_tokens + len(computed_ids) * bm.block_size
+        head_new = min(head.num_tokens - computed, budget)
+        return (budget > 0 and batch_size < scheduler.max_num_seqs
+                and bm.num_blocks_to_allocate(head.request_id, computed + head_new, computed_ids) <= num_free)
 
     def _run(self, batch: DecodeBatch, num_steps: int, soonest: int, admits: bool = False) -> DecodeRunPlan:
         departures = batch.departures(num_steps, self.scheduler.running) if soonest < num_steps else []
@@ -126,6 +139,7 @@ class DecodeRunPlanner:
                 running = scheduler.running
                 if bm.append_blocks([running[index].request_id for index in positions]) is None:
                     raise RuntimeError("DecodeRunPlanner.schedule ran out of blocks: num_steps is too large")
+        scheduler.note_decode_steps(num_steps)
         if not run.admits:
             return None
         return scheduler.admit(now, scheduler.config.max_num_batched_tokens - run.batch_size)

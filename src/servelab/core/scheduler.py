@@ -42,6 +42,10 @@ class Scheduler:
         self.prefix_cache_hits_total = 0
         self.max_num_seqs = config.effective_max_num_seqs
         self.contiguous = config.contiguous
+        # Without mixed batches, decode steps come in scheduling passes of this many (multi-step
+        # scheduling); _pass_step counts those taken in the current pass, 0 between passes.
+        self.pass_length = 1 if config.mixed_batches else config.num_scheduler_steps
+        self._pass_step = 0
 
     # ---- intake
     def add_request(self, request: Request) -> None:
@@ -133,18 +137,44 @@ class Scheduler:
         if self.contiguous:
             if not self.running:
                 self._admit_static_batch(now)
+        elif (not self.config.mixed_batches and self.waiting and self.between_passes()
+              and not self._continues_prefill()):
+            self._admit_continuous(plan, budget, now)  # a prefill step of its own; the decodes wait
+            if plan.scheduled:
+                self._pass_step = 0
+                return plan
         budget = self._schedule_running(plan, budget, now)
-        if not self.contiguous and not plan.preempted_request_ids:
+        if not self.contiguous and not plan.preempted_request_ids and self.config.mixed_batches:
             self._admit_continuous(plan, budget, now)
+        if plan.scheduled:
+            self.note_decode_steps(1)
         return plan
+
+    def between_passes(self) -> bool:
+        """Whether the next step starts a scheduling pass (one may admit waiting prompts)."""
+        return self._pass_step == 0 or not self.running
+
+    def steps_to_pass_end(self) -> int:
+        """Decode steps left in the current pass, or in the one the next step starts."""
+        return self.pass_length - self._pass_step
+
+    def note_decode_steps(self, num_steps: int) -> None:
+        """Count decode steps taken (here or by a decode run) towards the scheduling pass."""
+        if self.pass_length > 1:
+            self._pass_step = (self._pass_step + num_steps) % self.pass_length
+
+    def _continues_prefill(self) -> bool:
+        """A running request has prompt tokens left (its prompt alone outgrew the budget): finish it first."""
+        return any(r.num_computed_tokens < len(r.prompt_token_ids) for r in self.running)
 
     def admit(self, now: float, budget: int) -> StepPlan:
         """The rest of a step whose running requests were all planned elsewhere, by a decode run
         (core/decode_runs.py): the ids finished since the last plan, and the waiting requests admitted
-        into budget tokens, as schedule() admits them after the running ones (stages 3+ only)."""
+        into budget tokens, as schedule() admits them after the running ones (stages 3+ with mixed
+        batches only: without, admissions take a step of their own, which a decode run never is)."""
         plan = StepPlan(finished_request_ids=self._finished_ids)
         self._finished_ids = []
-        if not self.contiguous:
+        if not self.contiguous and self.config.mixed_batches:
             self._admit_continuous(plan, budget, now)
         return plan
 
@@ -206,6 +236,8 @@ class Scheduler:
             computed_ids = self.computed_blocks(request) if bm.enable_caching else ()
             computed = request.num_computed_tokens + len(computed_ids) * bm.block_size
             num_new = min(request.num_tokens - computed, budget)
+            if num_new < request.num_tokens - computed and plan.scheduled and not self.config.mixed_batches:
+                break  # without mixed batches a prompt is split only when it alone exceeds the budget
             if bm.allocate_slots(request.request_id, computed + num_new, computed_ids) is None:
                 break
             if request.cache_prefix and bm.enable_caching and not request.num_computed_tokens:

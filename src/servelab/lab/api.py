@@ -50,6 +50,7 @@ class DeploymentRequest:
     engine: str = DEFAULT_ENGINE
     cuda_graphs: bool = True
     num_scheduler_steps: int = 1
+    mixed_batches: bool = True
     quantization: str | None = None
     first_token_from_decode: bool = False
 
@@ -74,7 +75,8 @@ class DeploymentRequest:
             max_num_batched_tokens=self.max_num_batched_tokens or defaults[1],
             block_size=self.block_size, router=self.router, dtype=self.dtype or defaults[2],
             enable_prefix_caching=self.enable_prefix_caching, cuda_graphs=self.cuda_graphs,
-            num_scheduler_steps=self.num_scheduler_steps, quantization=self.quantization,
+            num_scheduler_steps=self.num_scheduler_steps, mixed_batches=self.mixed_batches,
+            quantization=self.quantization,
             first_token_from_decode=self.first_token_from_decode, **extra,
         )
 

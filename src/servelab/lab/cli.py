@@ -63,6 +63,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="launch every kernel of every step (vLLM --enforce-eager)")
     p.add_argument("--num-scheduler-steps", type=int, default=DeploymentRequest.num_scheduler_steps,
                    help="decode steps per scheduling pass (vLLM multi-step scheduling)")
+    p.add_argument("--no-mixed-batches", dest="mixed_batches", action="store_false",
+                   help="prefills run in steps of their own while decodes wait (vLLM V0 without chunked prefill, "
+                        "SGLang without --enable-mixed-chunk)")
 
 
 def _add_deployment_args(p: argparse.ArgumentParser) -> None:
@@ -201,7 +204,7 @@ def deployment_request(args: argparse.Namespace) -> DeploymentRequest:
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size, router=args.router,
         enable_prefix_caching=getattr(args, "enable_prefix_caching", True),
         calibration=args.calibration, engine=args.engine, cuda_graphs=args.cuda_graphs,
-        num_scheduler_steps=args.num_scheduler_steps)
+        num_scheduler_steps=args.num_scheduler_steps, mixed_batches=args.mixed_batches)
 
 
 def workload_config(args: argparse.Namespace) -> WorkloadConfig:

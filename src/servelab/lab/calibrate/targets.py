@@ -59,7 +59,8 @@ class Target:
                           max_num_seqs=f.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
                           max_num_batched_tokens=f.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
                           dtype=f.dtype, efficiency=efficiency, cuda_graphs=f.cuda_graphs,
-                          num_scheduler_steps=f.num_scheduler_steps, quantization=f.quantization,
+                          num_scheduler_steps=f.num_scheduler_steps, mixed_batches=f.mixed_batches,
+                          quantization=f.quantization,
                           first_token_from_decode=f.first_token_from_decode)
 
 

@@ -20,8 +20,8 @@ GROUPS = ("latency-batch<=8", "low-load-ttft", "low-load-tpot", "loaded-latency"
 READ_FROM = ("table", "text", "figure")
 DEPLOYMENT_FLAGS = ("engine", "num_scheduler_steps", "cuda_graphs")
 # set only where the source ran them: a weight-quantized checkpoint, a disaggregation proxy that streams
-# the answer from the decode instance
-OPTIONAL_DEPLOYMENT_FLAGS = ("quantization", "first_token_from_decode")
+# the answer from the decode instance, prefills in steps of their own (no chunked prefill / mixed chunks)
+OPTIONAL_DEPLOYMENT_FLAGS = ("quantization", "first_token_from_decode", "mixed_batches")
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,7 @@ class DeploymentFields:
     cuda_graphs: bool
     quantization: str | None = None
     first_token_from_decode: bool = False
+    mixed_batches: bool = True
 
     def as_kwargs(self) -> dict:
         return dict(self.__dict__)
@@ -171,6 +172,7 @@ def validate(p: ReferencePoint) -> None:
          and isinstance(p.deployment_flags["cuda_graphs"], bool) and p.deployment_flags["num_scheduler_steps"] >= 1,
          f"deployment_flags must set {', '.join(DEPLOYMENT_FLAGS)} and may set {', '.join(OPTIONAL_DEPLOYMENT_FLAGS)}"),
         (p.deployment_flags.get("quantization") in (None, *QUANTIZATION_BYTES), "unknown quantization"),
+        (isinstance(p.deployment_flags.get("mixed_batches", True), bool), "mixed_batches must be true or false"),
         (not p.deployment_flags.get("first_token_from_decode") or p.disaggregation is not None,
          "first_token_from_decode needs a disaggregated point"),
         (bool(p.source.url.startswith("https://") and p.source.where), "source needs an https URL and a location"),

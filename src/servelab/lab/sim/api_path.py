@@ -71,7 +71,8 @@ def client_timings(deployment: Deployment, requests: list[SimulatedRequest]) -> 
         before = e.api_ttft_overhead_s
         if via_decode and len(t.token_times) > 1:  # the second token is the decode instance's first step
             before += t.token_times[1] - t.token_times[0]
-        if steps > 1 and r.num_output_tokens > 1:
+        # the wait for the block in flight; without mixed batches the scheduler simulates its passes
+        if steps > 1 and deployment.mixed_batches and r.num_output_tokens > 1:
             before += (steps - 1) / 2 * (t.finished - t.first_token) / (r.num_output_tokens - 1)
         after = before + e.api_final_overhead_s
         token_times = ClientTokenTimes(t.token_times, before, after) if len(t.token_times) else ()

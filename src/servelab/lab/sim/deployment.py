@@ -46,6 +46,8 @@ class Deployment:
     # scheduling pass plans num_scheduler_steps decode steps (vLLM's multi-step scheduling).
     cuda_graphs: bool = True
     num_scheduler_steps: int = 1
+    # False: prefills run in steps of their own while decodes wait (SchedulerConfig.mixed_batches).
+    mixed_batches: bool = True
     # Weight-only quantized checkpoint (vLLM --quantization; QUANTIZATION_BYTES); None: weights in dtype.
     quantization: str | None = None
     # Disaggregated only: the client's first token comes from the decode instance, after the KV handoff
@@ -99,7 +101,8 @@ class Deployment:
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(policy=self.schedule, max_num_seqs=self.max_num_seqs,
                                max_num_batched_tokens=self.max_num_batched_tokens,
-                               max_model_len=self.model.max_position_embeddings)
+                               max_model_len=self.model.max_position_embeddings, mixed_batches=self.mixed_batches,
+                               num_scheduler_steps=self.num_scheduler_steps)
 
     def cost_model(self) -> CostModel:
         return CostModel(self.model, self.device, self.efficiency, self.tensor_parallel_size, self.dtype,
@@ -122,6 +125,7 @@ class Deployment:
             "max_num_batched_tokens": self.max_num_batched_tokens, "block_size": self.block_size, "dtype": self.dtype,
             **({} if self.enable_prefix_caching else {"enable_prefix_caching": False}),
             "cuda_graphs": self.cuda_graphs, "num_scheduler_steps": self.num_scheduler_steps,
+            **({} if self.mixed_batches else {"mixed_batches": False}),
             **({"quantization": self.quantization} if self.quantization else {}),
             **({"first_token_from_decode": True} if self.first_token_from_decode else {}),
         }

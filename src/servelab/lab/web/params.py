@@ -155,6 +155,7 @@ _DEPLOYMENT = {
     "engine": _engine,
     "cuda_graphs": _flag,
     "num_scheduler_steps": lambda f, v: _int(f, v, 1, 64),
+    "mixed_batches": _flag,
     "max_num_seqs": _optional(lambda f, v: _int(f, v, 1, MAX_NUM_SEQS)),
 }
 _WORKLOAD = {
