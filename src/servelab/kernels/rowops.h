@@ -30,12 +30,6 @@ inline float dot(const float* a, const T* b, int64_t n) {
   return hsum(_mm256_add_ps(acc0, acc1));
 }
 
-template <typename T>
-inline void axpy(float alpha, const T* x, float* y, int64_t n) {
-  __m256 a = _mm256_set1_ps(alpha);
-  for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, load8(x + i), load8(y + i)));
-}
-
 inline void norm_row(const float* r, const float* w, float* out, int64_t n, double eps) {
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; i += 8) {
@@ -176,9 +170,11 @@ inline void weighted_sum_group(const float* w, int64_t w_stride, const T* const*
   }
 }
 
-template <int HINT>
+// Prefetch every cache line of [p, p + bytes); LOCALITY as __builtin_prefetch takes it (3: into L1, 2: into L2),
+// the same on GCC and Clang.
+template <int LOCALITY>
 inline void prefetch_bytes(const void* p, int64_t bytes) {
-  for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(static_cast<const char*>(p) + b, static_cast<_mm_hint>(HINT));
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(p) + b, 0, LOCALITY);
 }
 
 // Decode attention of one sequence's KV heads [h_begin, h_end) over its paged context: for each of
@@ -208,9 +204,9 @@ inline void decode_attention_heads(const float* q, const T* k_cache, const T* v_
   const __m256 scale8 = _mm256_set1_ps(scale);
   int64_t pos = 0;
   for (; pos + 8 <= context; pos += 8) {
-    for (int64_t j = 0; j < 8; ++j) prefetch_bytes<_MM_HINT_T1>(v_rows[pos + j], bytes);
+    for (int64_t j = 0; j < 8; ++j) prefetch_bytes<2>(v_rows[pos + j], bytes);
     if (pos + 24 <= context)
-      for (int64_t j = 16; j < 24; ++j) prefetch_bytes<_MM_HINT_T0>(k_rows[pos + j], bytes);
+      for (int64_t j = 16; j < 24; ++j) prefetch_bytes<3>(k_rows[pos + j], bytes);
     for (int64_t h = 0; h < h_end - h_begin; ++h) {
       const T* ptrs[8];
       for (int j = 0; j < 8; ++j) ptrs[j] = k_rows[pos + j] + h * head_dim;
