@@ -96,3 +96,31 @@ def test_silu_mul_quantize_matches_the_unfused_passes(inter, smoothed):
     torch.testing.assert_close(scale, expected_scale, rtol=1e-5, atol=0)
     assert (q.int() - expected_q.int()).abs().max() <= 1
     assert (q != expected_q).float().mean() < 0.01  # off by one step only on near-ties
+
+
+@pytest.mark.parametrize("smoothed", [False, True])
+@pytest.mark.parametrize("m,n", [(64, 576), (3, 40), (1, 8)])
+def test_dequant_add_norm_quantize_is_the_three_calls_in_a_row(m, n, smoothed):
+    """The step between two W8A8 matrices fused: bit for bit what dequantize_rows_int32, add_rms_norm_ and
+    quantize_rows_int8 give one after another, residual updated in place the same way."""
+    g = torch.Generator().manual_seed(m * n)
+    acc = torch.randint(-40000, 40000, (m, n), generator=g, dtype=torch.int32)
+    row_scales = torch.rand(m, 1, generator=g) * 1e-4 + 1e-6
+    col_scales = torch.rand(n, generator=g) * 1e-2 + 1e-4
+    residual = outlier_rows(m, n, seed=n)
+    weight = torch.rand(n, generator=g) + 0.5
+    inv_smooth = torch.rand(n, generator=g) + 0.05 if smoothed else None
+    x = ops.dequantize_rows_int32(acc, row_scales, col_scales)
+    expected_residual = residual.clone()
+    ops.add_rms_norm_(x, expected_residual, weight, 1e-5)
+    expected_q, expected_scale = ops.quantize_rows_int8(x, inv_smooth)
+    q, scale = ops.dequant_add_rms_norm_quantize_int8(acc, row_scales, col_scales, residual, weight, 1e-5, inv_smooth)
+    assert torch.equal(residual, expected_residual)
+    assert torch.equal(q, expected_q) and torch.equal(scale, expected_scale)
+    assert not torch.equal(q, torch.zeros_like(q))
+
+
+def test_dequant_add_norm_quantize_checks_shapes():
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        ops.dequant_add_rms_norm_quantize_int8(torch.zeros(2, 12, dtype=torch.int32), torch.ones(2, 1), torch.ones(12),
+                                               torch.zeros(2, 12), torch.ones(12), 1e-5)

@@ -80,3 +80,22 @@ def test_per_token_activation_scales():
     weight = Int8Weight.from_float(w)
     dense = weight.qweight_t.t().float() * weight.scale[:, None]
     torch.testing.assert_close(weight.linear(x), (q.float() * scale) @ dense.t(), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif(cpu_ops() is None, reason="the fused W8A8 layer needs servelab's CPU ops")
+def test_int8_fused_layer_is_the_op_by_op_layer(default_model_dir, monkeypatch):
+    """bf16 + int8 runs every layer through forward_w8a8 (one call between two matrices); it must give the
+    logprobs forward_fused gives op by op, bit for bit, over prefill and batched decode steps."""
+    from servelab.model.llama import DecoderLayer
+
+    llm = LLM(str(default_model_dir), quantization="int8", dtype="bfloat16")
+    assert all(layer.is_w8a8 for layer in llm.engine.executor.model.layers)
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=2)
+
+    def run():
+        outs = llm.generate(PROMPTS, params)
+        return [(o.outputs[0].token_ids, [(t.logprob, t.top_logprobs) for t in o.outputs[0].logprobs]) for o in outs]
+
+    fused = run()
+    monkeypatch.setattr(DecoderLayer, "is_w8a8", property(lambda self: False))
+    assert run() == fused

@@ -30,6 +30,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "gate_up's int32 accumulators to silu(gate) * up as int8 rows (times 1 / smoothing), one scale each",
         pybind11::arg("acc"), pybind11::arg("row_scales"), pybind11::arg("col_scales"),
         pybind11::arg("inv_smooth") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("dequant_add_rms_norm_quantize_int8", &servelab::dequant_add_rms_norm_quantize_int8,
+        "int32 accumulators de-quantized, added into residual, RMS-normed and quantized to int8 rows in one pass",
+        pybind11::arg("acc"), pybind11::arg("row_scales"), pybind11::arg("col_scales"), pybind11::arg("residual"),
+        pybind11::arg("weight"), pybind11::arg("eps"), pybind11::arg("inv_smooth") = pybind11::none(),
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<servelab::DecodeRunner>(m, "DecodeRunner", "one sequence's decode step in one call")
       .def(pybind11::init<at::Tensor, int64_t, at::Tensor, int64_t, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t,
                           double>())

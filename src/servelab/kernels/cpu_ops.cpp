@@ -118,10 +118,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
       at::parallel_for(0, D, 1, [&](int64_t b, int64_t e) {
         std::vector<float> scores;
         std::vector<const scalar_t*> rows;
-        for (int64_t seq = b; seq < e; ++seq)
+        for (int64_t seq = b; seq < e; ++seq) {
+          if (seq + 1 < e)
+            rowops::prefetch_context_start(k_cache, tables + (seq + 1) * max_blocks, lens[seq + 1], block_size,
+                                           num_kv_heads * hd);
           decode_attention_heads(qp + seq * q.stride(0), k_cache, v_cache, tables + seq * max_blocks, lens[seq],
                                  block_size, num_kv_heads, hd, group, 0, num_kv_heads, scale,
                                  op + seq * num_heads * hd, scores, rows);
+        }
       });
       return;
     }

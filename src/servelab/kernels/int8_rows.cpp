@@ -182,4 +182,60 @@ std::vector<at::Tensor> silu_mul_quantize_int8(const at::Tensor& acc, const at::
   return {q, scales};
 }
 
+// The step between two W8A8 matrices in one pass per row: acc (M, N) int32 de-quantized as
+// dequantize_rows_int32 does, added into residual (M, N) in place, RMS-normed with weight as add_rms_norm_
+// does, then times inv_smooth and quantized as quantize_rows_int8 does; bit for bit the three calls in a
+// row, without their fp32 (M, N) intermediates or two of their three parallel regions.
+std::vector<at::Tensor> dequant_add_rms_norm_quantize_int8(const at::Tensor& acc, const at::Tensor& row_scales,
+                                                           const at::Tensor& col_scales, at::Tensor& residual,
+                                                           const at::Tensor& weight, double eps,
+                                                           const c10::optional<at::Tensor>& inv_smooth) {
+  TORCH_CHECK(acc.dim() == 2 && acc.scalar_type() == at::kInt, "dequant_add_rms_norm_quantize_int8: acc must be (M, N) int32");
+  const int64_t M = acc.size(0), N = acc.size(1);
+  TORCH_CHECK(N % 8 == 0 && residual.is_contiguous() && residual.scalar_type() == at::kFloat &&
+                  residual.sizes() == acc.sizes() && weight.numel() == N && weight.scalar_type() == at::kFloat,
+              "dequant_add_rms_norm_quantize_int8: residual (M, N) and weight (N,) fp32, N a multiple of 8");
+  TORCH_CHECK(row_scales.numel() == M && col_scales.numel() == N,
+              "dequant_add_rms_norm_quantize_int8: scales must be (M,) and (N,)");
+  auto a = acc.contiguous();
+  auto rs = row_scales.to(at::kFloat).contiguous();
+  auto cs = col_scales.to(at::kFloat).contiguous();
+  auto w = weight.contiguous();
+  at::Tensor smooth;
+  const float* sp = nullptr;
+  if (inv_smooth.has_value()) {
+    smooth = inv_smooth->to(at::kFloat).contiguous();
+    TORCH_CHECK(smooth.dim() == 1 && smooth.size(0) == N, "dequant_add_rms_norm_quantize_int8: inv_smooth must be (N,)");
+    sp = smooth.data_ptr<float>();
+  }
+  auto q = at::empty({M, N}, a.options().dtype(at::kChar));
+  auto scales = at::empty({M, 1}, a.options().dtype(at::kFloat));
+  const int32_t* ap = a.data_ptr<int32_t>();
+  const float* rp = rs.data_ptr<float>();
+  const float* cp = cs.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* res = residual.data_ptr<float>();
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* outs = scales.data_ptr<float>();
+  at::parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
+    std::vector<float> row(N);
+    for (int64_t m = b; m < e; ++m) {
+      const __m256 r = _mm256_set1_ps(rp[m]);
+      const int32_t* am = ap + m * N;
+      float* rr = res + m * N;
+      for (int64_t n = 0; n < N; n += 8) {
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(am + n)));
+        __m256 y = _mm256_mul_ps(_mm256_mul_ps(v, r), _mm256_loadu_ps(cp + n));
+        asm("" : "+x"(y));  // keeps the compiler from contracting the product and the add into one FMA
+        _mm256_storeu_ps(rr + n, _mm256_add_ps(_mm256_loadu_ps(rr + n), y));
+      }
+      rowops::norm_row(rr, wp, row.data(), N, eps);
+      const float scale = std::max(smooth_row(row.data(), sp, row.data(), N), 1e-8f) / 127.0f;
+      quantize_row(row.data(), scale, qp + m * N, N);
+      outs[m] = scale;
+    }
+  });
+  return {q, scales};
+}
+
 }  // namespace servelab

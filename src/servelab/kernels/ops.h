@@ -30,6 +30,13 @@ at::Tensor dequantize_rows_int32(const at::Tensor& acc, const at::Tensor& row_sc
 // with one scale each: the MLP middle of W8A8 without fp32 intermediates.
 std::vector<at::Tensor> silu_mul_quantize_int8(const at::Tensor& acc, const at::Tensor& row_scales,
                                                const at::Tensor& col_scales, const c10::optional<at::Tensor>& inv_smooth);
+// acc (M, N) int32 de-quantized, added into residual in place, RMS-normed with weight and quantized (times
+// inv_smooth (N,) if given): {q (M, N) int8, scales (M, 1)}, as dequantize_rows_int32, add_rms_norm_ and
+// quantize_rows_int8 in a row, bit for bit.
+std::vector<at::Tensor> dequant_add_rms_norm_quantize_int8(const at::Tensor& acc, const at::Tensor& row_scales,
+                                                           const at::Tensor& col_scales, at::Tensor& residual,
+                                                           const at::Tensor& weight, double eps,
+                                                           const c10::optional<at::Tensor>& inv_smooth);
 
 // A Llama-family decoder (bf16 weights, bf16 KV cache) run one token of one sequence at a time:
 // forward() is the whole decode step up to the final norm, in one parallel region, and logits()

@@ -86,29 +86,28 @@ inline void rope_rotate(float* x, const float* c, const float* s, int64_t hd) {
   }
 }
 
-// Eight dot products q . k_j (j = 0..7) of length n (a multiple of 8), as one vector of eight sums:
-// eight independent FMA chains, then one horizontal-add tree instead of eight horizontal sums.
-template <typename T>
-inline __m256 dot8(const float* q, const T* const* k, int64_t n) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+// Dot products of NG query heads (q_g = q + g * n) with four K rows k[0..3], n a multiple of 8, written
+// scaled as four floats to s + g * s_stride: each K row is widened once per 8 values for all NG heads
+// (a GQA group reads its KV head once), in 4 * NG independent FMA chains reduced by one hadd tree per head.
+template <int NG, typename T>
+inline void dot4_group(const float* q, const T* const* k, int64_t n, float* s, int64_t s_stride, __m128 scale) {
+  __m256 acc[NG][4];
+  for (int g = 0; g < NG; ++g)
+    for (int j = 0; j < 4; ++j) acc[g][j] = _mm256_setzero_ps();
   for (int64_t d = 0; d < n; d += 8) {
-    const __m256 qv = load8(q + d);
-    a0 = _mm256_fmadd_ps(qv, load8(k[0] + d), a0);
-    a1 = _mm256_fmadd_ps(qv, load8(k[1] + d), a1);
-    a2 = _mm256_fmadd_ps(qv, load8(k[2] + d), a2);
-    a3 = _mm256_fmadd_ps(qv, load8(k[3] + d), a3);
-    a4 = _mm256_fmadd_ps(qv, load8(k[4] + d), a4);
-    a5 = _mm256_fmadd_ps(qv, load8(k[5] + d), a5);
-    a6 = _mm256_fmadd_ps(qv, load8(k[6] + d), a6);
-    a7 = _mm256_fmadd_ps(qv, load8(k[7] + d), a7);
+    // One K row live at a time, q read from L1 by each FMA: 4 * NG accumulators + 1 stay within AVX2's 16
+    // registers (holding four widened rows spilled accumulators to the stack).
+    for (int j = 0; j < 4; ++j) {
+      const __m256 kj = load8(k[j] + d);
+      for (int g = 0; g < NG; ++g) acc[g][j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * n + d), kj, acc[g][j]);
+    }
   }
-  // hadd pairs: lanes hold partial sums of (0,1,2,3) in each 128-bit half, then of (4,5,6,7).
-  const __m256 h01 = _mm256_hadd_ps(a0, a1), h23 = _mm256_hadd_ps(a2, a3);
-  const __m256 h45 = _mm256_hadd_ps(a4, a5), h67 = _mm256_hadd_ps(a6, a7);
-  const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
-  // h0123 = [s0l s1l s2l s3l | s0h s1h s2h s3h] (low/high 128-bit halves of each chain)
-  const __m256 lo = _mm256_permute2f128_ps(h0123, h4567, 0x20), hi = _mm256_permute2f128_ps(h0123, h4567, 0x31);
-  return _mm256_add_ps(lo, hi);
+  for (int g = 0; g < NG; ++g) {
+    // [s0 s1 s2 s3] of the low 128-bit halves beside those of the high halves, then added.
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[g][0], acc[g][1]), _mm256_hadd_ps(acc[g][2], acc[g][3]));
+    const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    _mm_storeu_ps(s + g * s_stride, _mm_mul_ps(sum, scale));
+  }
 }
 
 // Softmax of s[0..n) in place (vectorised max, exp and sum; exp8 is within 2 ulp of std::exp).
@@ -177,12 +176,26 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(p) + b, 0, LOCALITY);
 }
 
+// Decode attention prefetches K rows this many tokens ahead (blocks are scattered: the hardware cannot
+// guess them); the caller prefetches the next sequence's first ones (prefetch_context_start).
+constexpr int64_t kDecodePrefetchTokens = 32;
+
+// Prefetches into L2 the first K rows (all KV heads) of a sequence's paged context.
+template <typename T>
+inline void prefetch_context_start(const T* k_cache, const int64_t* table, int64_t context, int64_t block_size,
+                                   int64_t token_stride) {
+  const int64_t bytes = token_stride * static_cast<int64_t>(sizeof(T));
+  for (int64_t start = 0, block = 0; start < std::min(context, kDecodePrefetchTokens); start += block_size, ++block)
+    for (int64_t i = 0, n = std::min(block_size, context - start); i < n; ++i)
+      prefetch_bytes<2>(k_cache + (table[block] * block_size + i) * token_stride, bytes);
+}
+
 // Decode attention of one sequence's KV heads [h_begin, h_end) over its paged context: for each of
 // their query heads (group per KV head), softmax(q k^T * scale) v. q, out: that sequence's
-// num_kv_heads * group heads of head_dim. K is read eight tokens at a time across the KV heads taken
-// (a token's row is contiguous in the cache, so are a block's rows), with K rows prefetched two chunks
-// ahead (blocks are scattered: the hardware cannot guess them) and V rows into L2 for the second
-// pass. rows and scores are scratch.
+// num_kv_heads * group heads of head_dim. K is read four tokens at a time, token by token across the KV heads
+// taken (a token's row is contiguous in the cache, so are a block's rows), each KV head's slice widened
+// once for its whole query group; K rows are prefetched kDecodePrefetchTokens ahead and V rows into L2
+// for the second pass. rows and scores are scratch.
 template <typename T>
 inline void decode_attention_heads(const float* q, const T* k_cache, const T* v_cache, const int64_t* table,
                                    int64_t context, int64_t block_size, int64_t num_kv_heads, int64_t head_dim,
@@ -193,27 +206,40 @@ inline void decode_attention_heads(const float* q, const T* k_cache, const T* v_
   rows.resize(2 * context);
   const T** k_rows = rows.data();
   const T** v_rows = rows.data() + context;
-  for (int64_t pos = 0; pos < context; ++pos) {
-    const int64_t offset = (table[pos / block_size] * block_size + pos % block_size) * token_stride + h_begin * head_dim;
-    k_rows[pos] = k_cache + offset;
-    v_rows[pos] = v_cache + offset;
+  for (int64_t start = 0, block = 0; start < context; start += block_size, ++block) {  // no division per token
+    const int64_t base = table[block] * block_size * token_stride + h_begin * head_dim;
+    for (int64_t i = 0, n = std::min(block_size, context - start); i < n; ++i) {
+      k_rows[start + i] = k_cache + base + i * token_stride;
+      v_rows[start + i] = v_cache + base + i * token_stride;
+    }
   }
   q += h_begin * group * head_dim;
   out += h_begin * group * head_dim;
   const int64_t bytes = (h_end - h_begin) * head_dim * static_cast<int64_t>(sizeof(T));
-  const __m256 scale8 = _mm256_set1_ps(scale);
+  const __m128 scale4 = _mm_set1_ps(scale);
+  constexpr int64_t kAhead = kDecodePrefetchTokens;
+  for (int64_t p = 0; p < std::min(context, kAhead); ++p) prefetch_bytes<3>(k_rows[p], bytes);
   int64_t pos = 0;
-  for (; pos + 8 <= context; pos += 8) {
-    for (int64_t j = 0; j < 8; ++j) prefetch_bytes<2>(v_rows[pos + j], bytes);
-    if (pos + 24 <= context)
-      for (int64_t j = 16; j < 24; ++j) prefetch_bytes<3>(k_rows[pos + j], bytes);
+  for (; pos + 4 <= context; pos += 4) {
+    for (int64_t j = 0; j < 4; ++j) prefetch_bytes<2>(v_rows[pos + j], bytes);
+    for (int64_t j = pos + kAhead; j < std::min(context, pos + kAhead + 4); ++j) prefetch_bytes<3>(k_rows[j], bytes);
     for (int64_t h = 0; h < h_end - h_begin; ++h) {
-      const T* ptrs[8];
-      for (int j = 0; j < 8; ++j) ptrs[j] = k_rows[pos + j] + h * head_dim;
-      for (int64_t g = 0; g < group; ++g) {
+      const T* ptrs[4];
+      for (int j = 0; j < 4; ++j) ptrs[j] = k_rows[pos + j] + h * head_dim;
+      for (int64_t g = 0; g < group;) {
         const int64_t head = h * group + g;
-        _mm256_storeu_ps(scores.data() + head * context + pos,
-                         _mm256_mul_ps(dot8(q + head * head_dim, ptrs, head_dim), scale8));
+        const float* qh = q + head * head_dim;
+        float* sh = scores.data() + head * context + pos;
+        if (group - g >= 3) {
+          dot4_group<3>(qh, ptrs, head_dim, sh, context, scale4);
+          g += 3;
+        } else if (group - g == 2) {
+          dot4_group<2>(qh, ptrs, head_dim, sh, context, scale4);
+          g += 2;
+        } else {
+          dot4_group<1>(qh, ptrs, head_dim, sh, context, scale4);
+          g += 1;
+        }
       }
     }
   }

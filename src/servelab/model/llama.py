@@ -19,7 +19,7 @@ from servelab.kernels import cpu_ops
 from servelab.model.attention import AttentionMetadata, paged_attention, prefill_attention, write_kv
 from servelab.model.layers import (ColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RowParallelLinear,
                                    VocabParallelEmbedding, compute_dtype)
-from servelab.model.quantization import QUANTIZATION_METHODS, GGUFWeight, Int8Weight
+from servelab.model.quantization import QUANTIZATION_METHODS, GGUFWeight, Int8Weight, int8_matmul
 from servelab.model.smooth_quant import SMOOTHQUANT_ALPHA, smoothing_factors
 
 BF16 = 30  # ggml's type id, which DecodeRunner takes for bf16 matrices
@@ -122,25 +122,7 @@ class DecoderLayer(nn.Module):
             residual, x = x, ops.rms_norm(x, norms[0], self.eps)
         else:
             ops.add_rms_norm_(x, residual, norms[0], self.eps)
-        qkv = self.qkv_proj(x)
-        ops.rope_and_cache_(qkv, positions, rope.cos, rope.sin, self.num_heads, self.num_kv_heads, kv_cache,
-                            meta.slot_mapping)
-        q = qkv[:, :self.q_size]
-        num_decode = meta.num_decode_tokens
-        if not meta.prefills:
-            attn = ops.paged_decode_attention(q, kv_cache, meta.decode_block_tables, meta.decode_context_lens,
-                                              self.num_heads)
-        else:
-            attn = torch.empty(q.shape, dtype=q.dtype)
-            if num_decode:
-                attn[:num_decode] = ops.paged_decode_attention(
-                    q[:num_decode], kv_cache, meta.decode_block_tables, meta.decode_context_lens, self.num_heads)
-            if self.head_dim % 16 == 0:  # servelab's tiled kernel; PyTorch's SDPA otherwise
-                attn[num_decode:] = ops.prefill_attention(q[num_decode:], kv_cache, *meta.packed_prefills(),
-                                                          self.num_heads)
-            else:
-                qp = q[num_decode:].reshape(-1, self.num_heads, self.head_dim)
-                attn[num_decode:] = prefill_attention(qp, kv_cache, meta.prefills, num_decode).flatten(1)
+        attn = self._attention_fused(self.qkv_proj(x), positions, rope, kv_cache, meta, ops)
         x = self.o_proj(attn)
         ops.add_rms_norm_(x, residual, norms[1], self.eps)
         gate_up, down = self.gate_up_proj.quantized, self.down_proj.quantized
@@ -151,6 +133,56 @@ class DecoderLayer(nn.Module):
         else:
             x = self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
         return x, residual
+
+    def _attention_fused(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+                         kv_cache: torch.Tensor, meta: AttentionMetadata, ops) -> torch.Tensor:
+        """RoPE and the KV-cache write in place on qkv, then paged attention of its q rows: (tokens, q_size)."""
+        ops.rope_and_cache_(qkv, positions, rope.cos, rope.sin, self.num_heads, self.num_kv_heads, kv_cache,
+                            meta.slot_mapping)
+        q = qkv[:, :self.q_size]
+        num_decode = meta.num_decode_tokens
+        if not meta.prefills:
+            return ops.paged_decode_attention(q, kv_cache, meta.decode_block_tables, meta.decode_context_lens,
+                                              self.num_heads)
+        attn = torch.empty(q.shape, dtype=q.dtype)
+        if num_decode:
+            attn[:num_decode] = ops.paged_decode_attention(
+                q[:num_decode], kv_cache, meta.decode_block_tables, meta.decode_context_lens, self.num_heads)
+        if self.head_dim % 16 == 0:  # servelab's tiled kernel; PyTorch's SDPA otherwise
+            attn[num_decode:] = ops.prefill_attention(q[num_decode:], kv_cache, *meta.packed_prefills(),
+                                                      self.num_heads)
+        else:
+            qp = q[num_decode:].reshape(-1, self.num_heads, self.head_dim)
+            attn[num_decode:] = prefill_attention(qp, kv_cache, meta.prefills, num_decode).flatten(1)
+        return attn
+
+    def forward_w8a8(self, x, residual: torch.Tensor | None, positions: torch.Tensor, rope: RotaryEmbedding,
+                     kv_cache: torch.Tensor, meta: AttentionMetadata, ops, norms: tuple[torch.Tensor, torch.Tensor]):
+        """forward_fused for a layer whose four matrices are all Int8Weight (one rank, no qkv bias), with
+        the same results bit for bit: between two matrices, de-quantization, the residual add, the norm and
+        the next quantization are one call (dequant_add_rms_norm_quantize_int8). x enters as the previous
+        layer's down_proj accumulators (acc, row scales, column scales), or as the embeddings before the
+        first layer, and leaves as this layer's."""
+        qkv_w, o_w = self.qkv_proj.quantized, self.o_proj.quantized
+        gate_up, down = self.gate_up_proj.quantized, self.down_proj.quantized
+        if residual is None:
+            residual = x
+            x_q, x_scale = ops.quantize_rows_int8(ops.rms_norm(x, norms[0], self.eps), qkv_w.inv_smooth)
+        else:
+            x_q, x_scale = ops.dequant_add_rms_norm_quantize_int8(*x, residual, norms[0], self.eps, qkv_w.inv_smooth)
+        attn = self._attention_fused(qkv_w.linear_int8(x_q, x_scale), positions, rope, kv_cache, meta, ops)
+        acc, a_scale = o_w.matmul_int32(attn)
+        x_q, x_scale = ops.dequant_add_rms_norm_quantize_int8(acc, a_scale, o_w.scale, residual, norms[1], self.eps,
+                                                              gate_up.inv_smooth)
+        h_q, h_scale = ops.silu_mul_quantize_int8(int8_matmul(x_q, gate_up.qweight_t), x_scale, gate_up.scale,
+                                                  down.inv_smooth)
+        return (int8_matmul(h_q, down.qweight_t), h_scale, down.scale), residual
+
+    @property
+    def is_w8a8(self) -> bool:
+        """Every matrix W8A8 and no qkv bias: forward_w8a8 applies."""
+        return self.qkv_proj.bias is None and all(
+            isinstance(m.quantized, Int8Weight) for m in (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -209,7 +241,14 @@ class LlamaForCausalLM(nn.Module):
     def _forward_fused(self, x, positions, kv_caches, meta) -> torch.Tensor:
         residual = None
         for layer, kv_cache, norms in zip(self.layers, kv_caches, self._fused_norms):
+            if layer.is_w8a8 and (residual is None or isinstance(x, tuple)):
+                x, residual = layer.forward_w8a8(x, residual, positions, self.rope, kv_cache, meta, self.ops, norms)
+                continue
+            if isinstance(x, tuple):  # a W8A8 layer's down_proj accumulators
+                x = self.ops.dequantize_rows_int32(*x)
             x, residual = layer.forward_fused(x, residual, positions, self.rope, kv_cache, meta, self.ops, norms)
+        if isinstance(x, tuple):
+            x = self.ops.dequantize_rows_int32(*x)
         self.ops.add_rms_norm_(x, residual, self._final_norm, self.config.rms_norm_eps)
         return x
 
