@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "simd.h"
@@ -176,6 +177,24 @@ inline void prefetch_bytes(const void* p, int64_t bytes) {
   for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(static_cast<const char*>(p) + b, 0, LOCALITY);
 }
 
+// Calls f(std::integral_constant<int, NG>{}, g) for the query heads [g, g + NG) of one GQA group, NG = 3
+// where it can (three heads' accumulators fill AVX2's 16 registers), then 2 or 1.
+template <typename F>
+inline void for_head_triples(int64_t group, F&& f) {
+  for (int64_t g = 0; g < group;) {
+    if (group - g >= 3) {
+      f(std::integral_constant<int, 3>{}, g);
+      g += 3;
+    } else if (group - g == 2) {
+      f(std::integral_constant<int, 2>{}, g);
+      g += 2;
+    } else {
+      f(std::integral_constant<int, 1>{}, g);
+      g += 1;
+    }
+  }
+}
+
 // Decode attention prefetches K rows this many tokens ahead (blocks are scattered: the hardware cannot
 // guess them); the caller prefetches the next sequence's first ones (prefetch_context_start).
 constexpr int64_t kDecodePrefetchTokens = 32;
@@ -226,21 +245,11 @@ inline void decode_attention_heads(const float* q, const T* k_cache, const T* v_
     for (int64_t h = 0; h < h_end - h_begin; ++h) {
       const T* ptrs[4];
       for (int j = 0; j < 4; ++j) ptrs[j] = k_rows[pos + j] + h * head_dim;
-      for (int64_t g = 0; g < group;) {
+      for_head_triples(group, [&](auto ng, int64_t g) {
         const int64_t head = h * group + g;
-        const float* qh = q + head * head_dim;
-        float* sh = scores.data() + head * context + pos;
-        if (group - g >= 3) {
-          dot4_group<3>(qh, ptrs, head_dim, sh, context, scale4);
-          g += 3;
-        } else if (group - g == 2) {
-          dot4_group<2>(qh, ptrs, head_dim, sh, context, scale4);
-          g += 2;
-        } else {
-          dot4_group<1>(qh, ptrs, head_dim, sh, context, scale4);
-          g += 1;
-        }
-      }
+        dot4_group<decltype(ng)::value>(q + head * head_dim, ptrs, head_dim, scores.data() + head * context + pos,
+                                        context, scale4);
+      });
     }
   }
   for (; pos < context; ++pos)
@@ -250,20 +259,10 @@ inline void decode_attention_heads(const float* q, const T* k_cache, const T* v_
   const T** hv = k_rows;  // the K row pointers are done with: reuse them for one KV head's V rows
   for (int64_t h = 0; h < h_end - h_begin; ++h) {
     for (int64_t p = 0; p < context; ++p) hv[p] = v_rows[p] + h * head_dim;
-    for (int64_t g = 0; g < group;) {
-      const float* w = scores.data() + (h * group + g) * context;
-      float* o = out + (h * group + g) * head_dim;
-      if (group - g >= 3) {
-        weighted_sum_group<3>(w, context, hv, context, o, head_dim);
-        g += 3;
-      } else if (group - g == 2) {
-        weighted_sum_group<2>(w, context, hv, context, o, head_dim);
-        g += 2;
-      } else {
-        weighted_sum_group<1>(w, context, hv, context, o, head_dim);
-        g += 1;
-      }
-    }
+    for_head_triples(group, [&](auto ng, int64_t g) {
+      weighted_sum_group<decltype(ng)::value>(scores.data() + (h * group + g) * context, context, hv, context,
+                                              out + (h * group + g) * head_dim, head_dim);
+    });
   }
 }
 
