@@ -11,7 +11,9 @@ Three terms, all off the GPU's path, so they move timestamps without slowing any
   (first_token_from_decode): the client sees the first token when the decode instance emits it, after
   the KV handoff and the decode instance's first step, and every later token one step later;
 - asynchronous output processing (vLLM V0, async_output): a step's tokens are processed while the next
-  step runs and returned when it ends, so each reaches the client one step of the request later.
+  step runs and returned when it ends: the first token (and, approximately, every one before the last)
+  reaches the client when the instance's step after it ends, the last when the step after the last
+  ends (at once when the instance has nothing more to run).
 """
 from __future__ import annotations
 
@@ -75,12 +77,13 @@ def client_timings(deployment: Deployment, requests: list[SimulatedRequest]) -> 
         first = 1 if via_decode and len(times) > 1 else 0  # the second token: the decode instance's first step
         if first:
             before += times[1] - times[0]
-        if late and len(times) > first + 1:  # asynchronous output: delivered when the request's next step ends
-            before += times[first + 1] - times[first]
         # the wait for the block in flight; without mixed batches the scheduler simulates its passes
         if steps > 1 and deployment.mixed_batches and r.num_output_tokens > 1:
             before += (steps - 1) / 2 * (t.finished - t.first_token) / (r.num_output_tokens - 1)
         after = before + e.api_final_overhead_s
+        if late and r.async_delays:  # asynchronous output: delivered when the instance's next step ends
+            before += r.async_delays[0]
+            after += r.async_delays[1]
         token_times = ClientTokenTimes(t.token_times, before, after) if len(t.token_times) else ()
         timings.append(RequestTiming(r.num_prompt_tokens, r.num_output_tokens, r.arrival_time, t.first_token + before,
                                      t.finished + after, token_times, t.first_scheduled))

@@ -56,7 +56,7 @@ class Deployment:
     first_token_from_decode: bool = False
     # vLLM V0's asynchronous output processing (0.6.0 on, default on; --disable-async-output-proc): a step's
     # sampled tokens are turned into outputs while the next step runs and reach the client when it ends,
-    # so every token arrives one engine step later (the request's next step; at once when it has none).
+    # so tokens arrive one engine step later (at once when the engine has nothing more to run).
     async_output: bool = False
 
     def __post_init__(self) -> None:
