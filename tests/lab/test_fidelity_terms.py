@@ -63,6 +63,26 @@ def test_a_proxy_streaming_from_the_decode_instance_delays_every_token_by_the_ha
     assert proxied[2] == pytest.approx(direct[2] + shift)
 
 
+def test_asynchronous_output_delivers_every_token_one_step_of_its_request_later():
+    # vLLM V0's async output processor returns a step's tokens when the instance's next step ends: TTFT
+    # grows by one decode step; the last token, with nothing more to run, is flushed at once
+    workload = WorkloadConfig(num_prompts=20, input_len=1024, output_len=20, request_rate=0.05)
+    profile = CalibrationProfile("t", {})
+    fields = _fields(disaggregate=None, num_gpus=1)
+    metrics = ("mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms")
+    direct = [simulate_target(Target(m, "t", fields, workload, m, 1.0), profile) for m in metrics]
+    late = [simulate_target(Target(m, "t", replace(fields, async_output=True), workload, m, 1.0), profile)
+            for m in metrics]
+    shift = late[0] - direct[0]
+    assert shift == pytest.approx(direct[1], rel=0.05)  # one decode step (alone on the GPU at 0.05 qps)
+    assert late[2] == pytest.approx(direct[2])
+    assert late[1] == pytest.approx(direct[1] - shift / 19)
+    # a request with one output token has no next step: it is delivered at once
+    one = replace(workload, output_len=1)
+    assert (simulate_target(Target("t", "t", replace(fields, async_output=True), one, "mean_ttft_ms", 1.0), profile)
+            == simulate_target(Target("t", "t", fields, one, "mean_ttft_ms", 1.0), profile))
+
+
 def test_simulations_are_memoised_by_the_constants_the_target_reads():
     workload = WorkloadConfig(num_prompts=10, input_len=200, output_len=10, request_rate=1.0)
     target = Target("m", "t", _fields(disaggregate=None, num_gpus=1), workload, "median_tpot_ms", 1.0)

@@ -59,6 +59,7 @@ def test_values_read_off_figures_carry_a_tolerance():
     (lambda e: e["deployment_flags"].update(quantization="int3"), "unknown quantization"),
     (lambda e: e["deployment_flags"].update(first_token_from_decode=True), "needs a disaggregated point"),
     (lambda e: e["deployment_flags"].update(warp=True), "may set"),
+    (lambda e: e["deployment_flags"].update(async_output="yes"), "async_output must be"),
 ])
 def test_validation_rejects_bad_entries(mutate, message):
     entry = copy.deepcopy(_raw_entries()[0])

@@ -53,6 +53,7 @@ class DeploymentRequest:
     mixed_batches: bool = True
     quantization: str | None = None
     first_token_from_decode: bool = False
+    async_output: bool = False  # vLLM V0's asynchronous output processing: tokens reach the client a step later
 
     def build(self) -> Deployment:
         model, device = get_model(self.model), get_device(self.gpu)
@@ -77,7 +78,7 @@ class DeploymentRequest:
             enable_prefix_caching=self.enable_prefix_caching, cuda_graphs=self.cuda_graphs,
             num_scheduler_steps=self.num_scheduler_steps, mixed_batches=self.mixed_batches,
             quantization=self.quantization,
-            first_token_from_decode=self.first_token_from_decode, **extra,
+            first_token_from_decode=self.first_token_from_decode, async_output=self.async_output, **extra,
         )
 
     def _calibrated_efficiency(self, device):

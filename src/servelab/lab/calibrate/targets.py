@@ -61,7 +61,7 @@ class Target:
                           dtype=f.dtype, efficiency=efficiency, cuda_graphs=f.cuda_graphs,
                           num_scheduler_steps=f.num_scheduler_steps, mixed_batches=f.mixed_batches,
                           quantization=f.quantization,
-                          first_token_from_decode=f.first_token_from_decode)
+                          first_token_from_decode=f.first_token_from_decode, async_output=f.async_output)
 
 
 _WORKLOADS: dict[WorkloadConfig, list[SampledRequest]] = {}

@@ -21,7 +21,7 @@ READ_FROM = ("table", "text", "figure")
 DEPLOYMENT_FLAGS = ("engine", "num_scheduler_steps", "cuda_graphs")
 # set only where the source ran them: a weight-quantized checkpoint, a disaggregation proxy that streams
 # the answer from the decode instance, prefills in steps of their own (no chunked prefill / mixed chunks)
-OPTIONAL_DEPLOYMENT_FLAGS = ("quantization", "first_token_from_decode", "mixed_batches")
+OPTIONAL_DEPLOYMENT_FLAGS = ("quantization", "first_token_from_decode", "mixed_batches", "async_output")
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,7 @@ class DeploymentFields:
     quantization: str | None = None
     first_token_from_decode: bool = False
     mixed_batches: bool = True
+    async_output: bool = False
 
     def as_kwargs(self) -> dict:
         return dict(self.__dict__)
@@ -173,6 +174,7 @@ def validate(p: ReferencePoint) -> None:
          f"deployment_flags must set {', '.join(DEPLOYMENT_FLAGS)} and may set {', '.join(OPTIONAL_DEPLOYMENT_FLAGS)}"),
         (p.deployment_flags.get("quantization") in (None, *QUANTIZATION_BYTES), "unknown quantization"),
         (isinstance(p.deployment_flags.get("mixed_batches", True), bool), "mixed_batches must be true or false"),
+        (isinstance(p.deployment_flags.get("async_output", False), bool), "async_output must be true or false"),
         (not p.deployment_flags.get("first_token_from_decode") or p.disaggregation is not None,
          "first_token_from_decode needs a disaggregated point"),
         (bool(p.source.url.startswith("https://") and p.source.where), "source needs an https URL and a location"),

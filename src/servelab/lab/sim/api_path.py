@@ -9,7 +9,11 @@ Three terms, all off the GPU's path, so they move timestamps without slowing any
   request's own time per output token;
 - a disaggregated deployment whose proxy streams the answer from the decode instance
   (first_token_from_decode): the client sees the first token when the decode instance emits it, after
-  the KV handoff and the decode instance's first step, and every later token one step later.
+  the KV handoff and the decode instance's first step, and every later token one step later;
+- asynchronous output processing (vLLM V0, async_output): a step's tokens are processed while the next
+  step runs and returned when it ends: the first token (and, approximately, every one before the last)
+  reaches the client when the instance's step after it ends, the last when the step after the last
+  ends (at once when the instance has nothing more to run).
 """
 from __future__ import annotations
 
@@ -61,20 +65,25 @@ class ClientTokenTimes(Sequence[float]):
 
 def client_timings(deployment: Deployment, requests: list[SimulatedRequest]) -> list[RequestTiming]:
     e, steps = deployment.efficiency, deployment.num_scheduler_steps
-    via_decode = deployment.first_token_from_decode
-    if not e.api_ttft_overhead_s and not e.api_final_overhead_s and steps == 1 and not via_decode:
+    via_decode, late = deployment.first_token_from_decode, deployment.async_output
+    if not e.api_ttft_overhead_s and not e.api_final_overhead_s and steps == 1 and not via_decode and not late:
         return [RequestTiming(r.num_prompt_tokens, r.num_output_tokens, r.arrival_time, r.times.first_token,
                               r.times.finished, r.times.token_times, r.times.first_scheduled) for r in requests]
     timings = []
     for r in requests:
         t = r.times
         before = e.api_ttft_overhead_s
-        if via_decode and len(t.token_times) > 1:  # the second token is the decode instance's first step
-            before += t.token_times[1] - t.token_times[0]
+        times = t.token_times
+        first = 1 if via_decode and len(times) > 1 else 0  # the second token: the decode instance's first step
+        if first:
+            before += times[1] - times[0]
         # the wait for the block in flight; without mixed batches the scheduler simulates its passes
         if steps > 1 and deployment.mixed_batches and r.num_output_tokens > 1:
             before += (steps - 1) / 2 * (t.finished - t.first_token) / (r.num_output_tokens - 1)
         after = before + e.api_final_overhead_s
+        if late and r.async_delays:  # asynchronous output: delivered when the instance's next step ends
+            before += r.async_delays[0]
+            after += r.async_delays[1]
         token_times = ClientTokenTimes(t.token_times, before, after) if len(t.token_times) else ()
         timings.append(RequestTiming(r.num_prompt_tokens, r.num_output_tokens, r.arrival_time, t.first_token + before,
                                      t.finished + after, token_times, t.first_scheduled))

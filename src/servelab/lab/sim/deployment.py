@@ -54,6 +54,10 @@ class Deployment:
     # and its first step (vLLM's disaggregated-prefill proxy sends the prompt to the prefill instance with
     # max_tokens=1, then streams the whole answer from the decode instance).
     first_token_from_decode: bool = False
+    # vLLM V0's asynchronous output processing (0.6.0 on, default on; --disable-async-output-proc): a step's
+    # sampled tokens are turned into outputs while the next step runs and reach the client when it ends,
+    # so tokens arrive one engine step later (at once when the engine has nothing more to run).
+    async_output: bool = False
 
     def __post_init__(self) -> None:
         tp, m = self.tensor_parallel_size, self.model
@@ -128,6 +132,7 @@ class Deployment:
             **({} if self.mixed_batches else {"mixed_batches": False}),
             **({"quantization": self.quantization} if self.quantization else {}),
             **({"first_token_from_decode": True} if self.first_token_from_decode else {}),
+            **({"async_output": True} if self.async_output else {}),
         }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -68,12 +68,36 @@ class SimulatedRequest:
     num_output_tokens: int
     num_preemptions: int
     times: RequestTimes  # token_times: a TimelineTimes or an array("d")
+    # Asynchronous output processing only (Deployment.async_output): how long after the client's first
+    # token and after the last token the instance's next step ended, when the outputs reached the client.
+    async_delays: tuple[float, float] | None = None
 
     @classmethod
-    def of(cls, request: Request, timeline: array) -> "SimulatedRequest":
-        """request, finished on the instance whose step ends timeline holds."""
+    def of(cls, request: Request, timeline: array, async_from: int | None = None,
+           busy: bool = False) -> "SimulatedRequest":
+        """request, finished on the instance whose step ends timeline holds. async_from: the index of the
+        token the client sees first, when outputs are processed asynchronously; busy: the instance has
+        more work, so a step follows the last one."""
         t = request.times
         times = RequestTimes(t.arrival, t.first_scheduled, t.first_token, compact_token_times(t.token_times, timeline),
                              t.finished)
+        delays = None if async_from is None else next_step_delays(t.token_times, timeline, async_from, busy)
         return cls(request.request_id, request.arrival_time, request.num_prompt_tokens, request.num_output_tokens,
-                   request.num_preemptions, times)
+                   request.num_preemptions, times, delays)
+
+
+def next_step_delays(token_times: Sequence[float], timeline: array, first: int, busy: bool) -> tuple[float, float]:
+    """(until the step after the client's first token ends, until the step after the last one ends), as
+    asynchronous output processing delivers a step's tokens when the next step ends. A request with no
+    token after its first has none after it (the engine flushes outputs when idle); the step after the
+    last token is priced as long as the last step, and as nothing when the instance has no more work."""
+    n = len(token_times)
+    if n <= first + 1:
+        return 0.0, 0.0
+    t0 = token_times[first]
+    i = bisect_right(timeline, t0)
+    after_first = (timeline[i] if i < len(timeline) else token_times[first + 1]) - t0
+    last = token_times[-1]
+    j = bisect_left(timeline, last)
+    previous = timeline[j - 1] if j > 0 else token_times[-2]
+    return after_first, (last - previous if busy else 0.0)

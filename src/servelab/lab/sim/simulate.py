@@ -288,7 +288,9 @@ class _Simulation:
         index = int(request.request_id)
         w = self.workload[index]
         if instance.role != "prefill" or w.output_len == 1:
-            self.finished[index] = SimulatedRequest.of(request, instance.step_stats.timeline)
+            async_from = (1 if self.d.first_token_from_decode else 0) if self.d.async_output else None
+            self.finished[index] = SimulatedRequest.of(request, instance.step_stats.timeline, async_from,
+                                                       busy=instance.num_outstanding > 0)
             self.finished_on[index] = instance.index
             if self.autoscaler is not None:
                 self._observe(request, w.output_len)
