@@ -200,3 +200,25 @@ def test_no_run_while_someone_prefills_or_the_head_could_join():
     engine.step_fn()
     [(run, plan)] = engine.executor.with_run
     assert run.batch_size == 1 and [s.request_id for s in plan.scheduled] == ["b"]
+
+
+@pytest.mark.parametrize("case", [CASES[0]])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5])
+def test_trimmed_step_ends_change_nothing(case, seed, monkeypatch):
+    """A batch that never empties drops the step ends its members no longer need (DecodeBatch.add_steps);
+    trimmed every few steps, tokens and timestamps are still those of single steps."""
+    from servelab.core import decode_batch
+
+    monkeypatch.setattr(decode_batch, "_TRIM_STEPS", 2)
+    bases = []
+    add_steps = decode_batch.DecodeBatch.add_steps
+
+    def add_steps_seen(batch, step_end_times):
+        add_steps(batch, step_end_times)
+        bases.append(batch.base)
+
+    monkeypatch.setattr(decode_batch.DecodeBatch, "add_steps", add_steps_seen)
+    _, single_out = drive(*make(*case, seed, decode_runs=False), rng=random.Random(seed))
+    multi_snaps, multi_out = drive(*make(*case, seed, decode_runs=True), rng=random.Random(seed))
+    assert multi_out == single_out
+    assert max(bases) > 0  # step ends were dropped

@@ -15,13 +15,17 @@ from servelab.core.request import Request
 
 class DecodeBatch:
     """Scheduler.running[:len(batch)] while they decode. Step s is the batch's s-th decode step, ending
-    at end_times[s - 1]. Member i has the tokens of its steps up to settled[i] written to its Request
+    at end_times[s - 1 - base]. Member i has the tokens of its steps up to settled[i] written to its Request
     (and attributed to it in the block manager, which counted them when the run was taken), makes one token a step until step lasts[i] (its max_tokens) and, with paged allocation, next needs
     a block in step allocs[i]. The steps it has not settled all sampled token_id."""
 
     def __init__(self) -> None:
         self.step = 0
+        # ends of steps base + 1, base + 2, ...: those before every member's settled step are dropped now
+        # and then, as a batch that never empties would otherwise keep every step's end
         self.end_times: list[float] = []
+        self.base = 0
+        self._trim_at = _TRIM_STEPS
         self.settled: list[int] = []
         self.lasts: list[int] = []
         self.allocs: list[int] = []
@@ -40,6 +44,17 @@ class DecodeBatch:
     def context_len_sum(self) -> int:
         """Sum of the members' context lengths in the next step (num_computed_tokens + 1 each)."""
         return self.offset_sum + len(self.settled) * (self.step + 1)
+
+    def add_steps(self, step_end_times: list[float]) -> None:
+        """The batch took len(step_end_times) more steps, ending at those times."""
+        self.step += len(step_end_times)
+        end_times = self.end_times
+        end_times += step_end_times
+        if len(end_times) > self._trim_at:
+            drop = min(self.settled) - self.base if self.settled else len(end_times)
+            del end_times[:drop]
+            self.base += drop
+            self._trim_at = len(end_times) + _TRIM_STEPS
 
     def join(self, request: Request, num_table_slots: int) -> None:
         step, computed = self.step, request.num_computed_tokens
@@ -65,10 +80,10 @@ class DecodeBatch:
         count = upto - settled
         if count <= 0:
             return
-        times = request.times
+        times, base = request.times, self.base
         if times.first_token is None:
-            times.first_token = self.end_times[settled]
-        times.token_times.extend(self.end_times[settled:upto])
+            times.first_token = self.end_times[settled - base]
+        times.token_times.extend(self.end_times[settled - base:upto - base])
         request.output_token_ids.extend([self.token_id] * count)
         request.num_computed_tokens += count
         block_manager.attribute_tokens(request.request_id, request.num_computed_tokens)
@@ -150,6 +165,9 @@ class DecodeBatch:
                 break
             found.append((left, running[index].num_computed_tokens - settled[index] + step + 1))
         return found
+
+
+_TRIM_STEPS = 4096  # step ends kept beyond those members still need before trimming again
 
 
 def _ordered(values: list[int]) -> list[int]:

@@ -58,7 +58,8 @@ class DecodeRunPlanner:
         step = batch.step
         soonest = min(batch.lasts) - step
         if scheduler.contiguous:  # reservations cover max_tokens; no admission till all finish
-            return self._run(batch, min(limit, max(batch.lasts) - step), soonest)
+            num_steps = max(batch.lasts) - step
+            return self._run(batch, limit if limit < num_steps else num_steps, soonest)
         bm = scheduler.block_manager
         num_free = bm.num_free_blocks
         if batch_size > num_free and batch.allocs.count(step + 1) > num_free:
@@ -76,9 +77,11 @@ class DecodeRunPlanner:
             # (evicting a cached block it would start from only adds to what it needs).
             if self._head_fits(batch_size, budget, num_free):
                 return self._run(batch, 1, soonest, admits=True) if mixed else None
-            num_steps = min(limit, soonest)
+            num_steps = soonest if soonest < limit else limit
         else:
-            num_steps = min(limit, max(batch.lasts) - step)
+            num_steps = max(batch.lasts) - step
+            if limit < num_steps:
+                num_steps = limit
         # Blocks freed by finishes join the back of the free list, behind all the blocks counted here,
         # so the run's allocations get the same ids as single steps would.
         block_size = bm.block_size
@@ -98,12 +101,15 @@ class DecodeRunPlanner:
         """Whether schedule() would admit the waiting head now."""
         scheduler = self.scheduler
         bm = scheduler.block_manager
+        if budget <= 0 or batch_size >= scheduler.max_num_seqs:  # before looking up the head's cached prefix
+            return False
         head = scheduler.waiting[0]
         computed_ids = scheduler.computed_blocks(head) if bm.enable_caching else ()
         computed = head.num_computed_tokens + len(computed_ids) * bm.block_size
-        head_new = min(head.num_tokens - computed, budget)
-        return (budget > 0 and batch_size < scheduler.max_num_seqs
-                and bm.num_blocks_to_allocate(head.request_id, computed + head_new, computed_ids) <= num_free)
+        head_new = head.num_tokens - computed
+        if budget < head_new:
+            head_new = budget
+        return bm.num_blocks_to_allocate(head.request_id, computed + head_new, computed_ids) <= num_free
 
     def _run(self, batch: DecodeBatch, num_steps: int, soonest: int, admits: bool = False) -> DecodeRunPlan:
         departures = batch.departures(num_steps, self.scheduler.running) if soonest < num_steps else []
@@ -156,8 +162,7 @@ class DecodeRunPlanner:
         soonest_last = batch.step + run.soonest  # members only left since the run was planned
         num_steps = len(step_end_times)
         first = batch.step  # the step before the run's first
-        batch.step += num_steps
-        batch.end_times += step_end_times
+        batch.add_steps(step_end_times)
         scheduler = self.scheduler
         bm = scheduler.block_manager
         departures = self._departures = []
@@ -165,11 +170,11 @@ class DecodeRunPlanner:
             bm.record_decode_tokens(num_steps * len(batch.lasts))
             return []
         finishing = batch.finishing(soonest_last)
-        step, running, end_times = batch.step, scheduler.running, batch.end_times
+        step, running, end_times, base = batch.step, scheduler.running, batch.end_times, batch.base + 1
         bm.record_decode_tokens(num_steps * len(batch.lasts) - sum(step - last for last, _ in finishing))
         finished = [running[index] for _, index in finishing]
         for (last, _), request in zip(finishing, finished):
-            request.times.finished = end_times[last - 1]
+            request.times.finished = end_times[last - base]
             batch.leave(running.index(request), request, bm)
             num_free, num_unused = bm.num_free_blocks, bm.num_reserved_unused_slots()
             scheduler.finish_request(request, RequestStatus.FINISHED_LENGTH)
