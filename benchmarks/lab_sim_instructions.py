@@ -37,7 +37,9 @@ def inner(run: bool) -> None:
 
 
 def instructions(src: str | None, run: bool) -> tuple[int, str]:
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    # one BLAS/OpenMP thread: numpy's idle worker threads otherwise add a varying count (5 % run to run)
+    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
     if src:
         env["PYTHONPATH"] = src
     out = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",

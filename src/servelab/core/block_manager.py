@@ -41,7 +41,7 @@ class BlockManager:
         self._free_block_ids: list[int] = list(range(num_blocks))
         self._free_head = 0
         self._num_stale: dict[int, int] = {}
-        self._num_free = num_blocks
+        self.num_free_blocks = num_blocks  # a plain attribute, not a property: read at every step
         # References to each owned block (a free block has no entry), so freeing a table and taking
         # blocks off the free list are dict operations in C rather than Python loops.
         self._ref_counts: dict[int, int] = {}
@@ -58,12 +58,8 @@ class BlockManager:
 
     # ---- queries
     @property
-    def num_free_blocks(self) -> int:
-        return self._num_free
-
-    @property
     def usage(self) -> float:
-        return (self.num_blocks - self._num_free) / self.num_blocks
+        return (self.num_blocks - self.num_free_blocks) / self.num_blocks
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -78,7 +74,8 @@ class BlockManager:
     # ---- paged allocation (stage 3+)
     def num_new_blocks_needed(self, request_id: str, num_tokens: int) -> int:
         have = len(self.block_tables.get(request_id, ()))
-        return max(0, self.num_blocks_for(num_tokens) - have)
+        need = -(-num_tokens // self.block_size) - have
+        return need if need > 0 else 0
 
     def allocate_slots(self, request_id: str, num_tokens: int,
                        computed_block_ids: Sequence[int] = ()) -> list[int] | None:
@@ -92,7 +89,7 @@ class BlockManager:
         if need > 0:
             if request_id in self._contiguous:
                 raise RuntimeError(f"request {request_id} outgrew its contiguous reservation")
-            if need > self._num_free:
+            if need > self.num_free_blocks:
                 return None
             new_ids = self._pop_free(need)
             if table is None:
@@ -106,8 +103,9 @@ class BlockManager:
                 self.block_tables[request_id] = []
         old = self._num_tokens.get(request_id, 0)
         if num_tokens > old or request_id not in self._num_tokens:
-            self._num_tokens[request_id] = max(old, num_tokens)
-            self._num_tokens_total += max(old, num_tokens) - old
+            new = num_tokens if num_tokens > old else old  # max(), without the builtin's slow call in 3.11
+            self._num_tokens[request_id] = new
+            self._num_tokens_total += new - old
         return new_ids
 
     def get_computed_blocks(self, block_hashes: Sequence[bytes]) -> list[int]:
@@ -128,7 +126,7 @@ class BlockManager:
             raise RuntimeError(f"request {request_id} already holds blocks: computed blocks only start a table")
         if num_tokens <= len(computed_block_ids) * self.block_size:
             raise RuntimeError(f"request {request_id} has no token to compute beyond its computed blocks")
-        if self.num_blocks_to_allocate(request_id, num_tokens, computed_block_ids) > self._num_free:
+        if self.num_blocks_to_allocate(request_id, num_tokens, computed_block_ids) > self.num_free_blocks:
             return None
         for block_id in computed_block_ids:  # before _pop_free, which would evict the free ones
             self._touch(block_id)
@@ -146,7 +144,7 @@ class BlockManager:
         if refs is None:
             self._ref_counts[block_id] = 1
             self._num_stale[block_id] = self._num_stale.get(block_id, 0) + 1
-            self._num_free -= 1
+            self.num_free_blocks -= 1
             if self._in_use is not None:
                 self._in_use[block_id] = 1
         else:
@@ -196,14 +194,14 @@ class BlockManager:
         if in_use is not None:
             for block_id in ids:
                 in_use[block_id] = 1
-        self._num_free -= count
+        self.num_free_blocks -= count
         return ids
 
     def append_blocks(self, request_ids: list[str]) -> list[int] | None:
         """Give each listed request (which already holds a paged table) one more block, in list order;
         a request may be listed several times. All or nothing: None when the pool is short. The same
         ids as one allocate_slots call per entry, in that order (multi-step decode uses it)."""
-        if len(request_ids) > self._num_free:
+        if len(request_ids) > self.num_free_blocks:
             return None
         new_ids = self._pop_free(len(request_ids))
         tables = self.block_tables
@@ -230,7 +228,7 @@ class BlockManager:
         if self.prefix_cache:
             self.prefix_cache.evict(ids)
         self._in_use[start:start + need] = b"\x01" * need
-        self._num_free -= need
+        self.num_free_blocks -= need
         self.block_tables[request_id] = ids
         self._num_table_blocks += need
         self._num_tokens_total -= self._num_tokens.get(request_id, 0)
@@ -314,7 +312,7 @@ class BlockManager:
             for block_id in released:
                 self._in_use[block_id] = 0
         self._free_block_ids.extend(released)
-        self._num_free += len(released)
+        self.num_free_blocks += len(released)
         if self._num_stale:
             self._compact_free_list()
 
@@ -347,8 +345,8 @@ class BlockManager:
             raise AssertionError(f"blocks both free and owned: {sorted(set(free) & set(owned))}")
         if len(free) + len(owned) != self.num_blocks:
             raise AssertionError(f"{self.num_blocks - len(free) - len(owned)} blocks are neither free nor owned")
-        if len(free) != self._num_free:
-            raise AssertionError(f"free count {self._num_free} but {len(free)} blocks on the free list")
+        if len(free) != self.num_free_blocks:
+            raise AssertionError(f"free count {self.num_free_blocks} but {len(free)} blocks on the free list")
         for block_id in range(self.num_blocks):
             expected = owned.get(block_id, 0)
             refs = self._ref_counts.get(block_id, 0)

@@ -25,4 +25,5 @@ class VirtualClock:
         self._now += seconds
 
     def advance_to(self, t: float) -> None:
-        self._now = max(self._now, t)
+        if t > self._now:  # max(self._now, t), at every simulated step
+            self._now = t

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, chain
 from typing import Callable, Protocol
 
 from servelab.core.clock import VirtualClock, WallClock
@@ -151,7 +151,7 @@ class EngineCore:
         if num_steps > 1:
             durations, segments = executor.price_decode_run(run, horizon - now)
             # sequential sums, so each end equals what single steps' clock.advance() calls would give
-            ends = list(accumulate(durations, initial=now))
+            ends = list(accumulate(chain((now,), durations)))  # not initial=: keyword arguments cost more in 3.11
             del ends[0]
             num_steps = 1 + bisect_left(ends, horizon, 0, len(ends) - 1)
             del ends[num_steps:]
@@ -232,7 +232,8 @@ def _first_steps(segments: list[tuple[int, int]], num_steps: int) -> tuple[list[
     """The segments of a run's first num_steps steps, and the tokens they decode."""
     taken, left, num_tokens = [], num_steps, 0
     for count, batch_size in segments:
-        count = min(count, left)
+        if left < count:
+            count = left
         taken.append((count, batch_size))
         num_tokens += count * batch_size
         left -= count

@@ -73,7 +73,12 @@ def _peak_used(num_used_blocks: int, alloc_steps: Sequence[int], departures: lis
     peak = freed = 0
     for step, group in groupby(departures, key=itemgetter(0)):
         if step > 1:
-            peak = max(peak, num_used_blocks + bisect_right(alloc_steps, step - 1) - freed)
+            used = num_used_blocks + bisect_right(alloc_steps, step - 1) - freed
+            if used > peak:
+                peak = used
         freed += sum(num_freed_blocks for _, num_freed_blocks, _ in group)
-        peak = max(peak, num_used_blocks + bisect_right(alloc_steps, step) - freed)
-    return max(peak, num_used_blocks + len(alloc_steps) - freed)
+        used = num_used_blocks + bisect_right(alloc_steps, step) - freed
+        if used > peak:
+            peak = used
+    used = num_used_blocks + len(alloc_steps) - freed
+    return used if used > peak else peak

@@ -235,7 +235,9 @@ class Scheduler:
             request = self.waiting[0]
             computed_ids = self.computed_blocks(request) if bm.enable_caching else ()
             computed = request.num_computed_tokens + len(computed_ids) * bm.block_size
-            num_new = min(request.num_tokens - computed, budget)
+            num_new = request.num_tokens - computed
+            if budget < num_new:
+                num_new = budget
             if num_new < request.num_tokens - computed and plan.scheduled and not self.config.mixed_batches:
                 break  # without mixed batches a prompt is split only when it alone exceeds the budget
             if bm.allocate_slots(request.request_id, computed + num_new, computed_ids) is None:

@@ -163,10 +163,10 @@ class CostModel:
         half = e.matmul_half_tokens
         layer_flops = 2 * (num_tokens + half) * (self.dense_params + k * self.expert_params)
         layer_bytes = (self.dense_params + experts_read * self.expert_params) * self.layer_weight_bytes
-        layers = self.num_layers * max(layer_flops / self.flops, layer_bytes / self.bandwidth)
+        layers = self.num_layers * _max(layer_flops / self.flops, layer_bytes / self.bandwidth)
         if num_sampled == 0:
             return layers
-        return layers + max(2 * (num_sampled + half) * self.lm_head_params / self.flops,
+        return layers + _max(2 * (num_sampled + half) * self.lm_head_params / self.flops,
                             self.lm_head_params * self.dtype_bytes / self.bandwidth)
 
     def effective_attention_flops(self, num_tokens: int) -> float:
@@ -174,10 +174,12 @@ class CostModel:
         half = self.efficiency.attention_half_tokens
         return self.attention_flops if not half else self.attention_flops * num_tokens / (num_tokens + half)
 
-    def attention_time(self, num_pairs, num_kv_tokens, num_tokens: int, maximum=max):
+    def attention_time(self, num_pairs, num_kv_tokens, num_tokens: int, maximum=None):
         """num_pairs: (query, key) pairs scored; num_kv_tokens: KV entries read plus written; num_tokens:
         query tokens of the step. Scalars, or numpy arrays over steps with maximum=np.maximum (same
         expression, same rounding)."""
+        if maximum is None:
+            maximum = _max
         return self.num_layers * maximum(self.score_flops_per_pair * num_pairs / self.effective_attention_flops(num_tokens),
                                          self.kv_bytes_per_token_layer * num_kv_tokens / self.kv_bandwidth)
 
@@ -231,10 +233,10 @@ class CostModel:
         layers, score, attention_flops = self.num_layers, self.score_flops_per_pair, self.effective_attention_flops(batch_size)
         kv, kv_bandwidth = self.kv_bytes_per_token_layer, self.kv_bandwidth
         c = context_len_sum
-        first = weights + layers * max(score * c / attention_flops, kv * (c + batch_size) / kv_bandwidth) \
+        first = weights + layers * _max(score * c / attention_flops, kv * (c + batch_size) / kv_bandwidth) \
             + communication + overhead
         if within < first * num_steps:  # steps only grow longer, so at most this many start in time
-            num_steps = max(1, min(num_steps, int(within / first) + 1))
+            num_steps = _fit(num_steps, within, first)
         stop = context_len_sum + batch_size * num_steps
         last = stop - batch_size
         # Both sides of attention's max() are linear in the context, so when reading KV wins clearly at
@@ -247,7 +249,7 @@ class CostModel:
             if memory_bound:
                 return [weights + layers * (kv * (c + batch_size) / kv_bandwidth) + communication + overhead
                         for c in range(context_len_sum, stop, batch_size)]
-            return [weights + layers * max(score * c / attention_flops, kv * (c + batch_size) / kv_bandwidth)
+            return [weights + layers * _max(score * c / attention_flops, kv * (c + batch_size) / kv_bandwidth)
                     + communication + overhead for c in range(context_len_sum, stop, batch_size)]
         if memory_bound:  # kv * (c + batch_size) for each step's c: exact integers, as in Python
             attention = np.arange(kv * (context_len_sum + batch_size), kv * (stop + batch_size), kv * batch_size,
@@ -292,8 +294,28 @@ class StepTotals:
     num_arrivals: int
 
 
+def _max(a: float, b: float) -> float:
+    """max(a, b), the same float: Python 3.11's builtin max() parses its arguments on every call, which
+    costs more than the comparison at every priced step."""
+    return b if b > a else a
+
+
+def _fit(num_steps: int, within: float, first: float) -> int:
+    """max(1, min(num_steps, int(within / first) + 1)): the steps that can start within `within`
+    seconds when none is shorter than first, at least one."""
+    fits = int(within / first) + 1
+    if num_steps < fits:
+        fits = num_steps
+    return fits if fits > 1 else 1
+
+
 def plan_totals(plan: StepPlan) -> StepTotals:
     """The executor's step arithmetic, also what calibration fits measured steps by."""
+    return StepTotals(*_plan_sums(plan))
+
+
+def _plan_sums(plan: StepPlan) -> tuple[int, int, int, int, int, int]:
+    """StepTotals' fields, in order (a tuple: no object to build at every priced step)."""
     num_tokens = num_sampled = num_pairs = num_kv_tokens = num_arrivals = 0
     for s in plan.scheduled:
         n = len(s.token_ids)
@@ -309,7 +331,7 @@ def plan_totals(plan: StepPlan) -> StepTotals:
         # preemption is rare enough not to matter)
         if computed == 0 and s.prompt_token_ids is not None:
             num_arrivals += 1
-    return StepTotals(num_tokens, num_sampled, len(plan.scheduled), num_pairs, num_kv_tokens, num_arrivals)
+    return num_tokens, num_sampled, len(plan.scheduled), num_pairs, num_kv_tokens, num_arrivals
 
 
 class CostModelExecutor:
@@ -346,7 +368,9 @@ class CostModelExecutor:
         soonest = run.soonest
         if soonest < num_steps and within < float("inf"):
             # no decode step is shorter than one of a single request with no context
-            num_steps = min(num_steps, int(within / sum(cm._decode_fixed(1))) + 1)
+            fits = int(within / sum(cm._decode_fixed(1))) + 1
+            if fits < num_steps:
+                num_steps = fits
         if soonest >= num_steps:  # nobody leaves before the last step
             return self._decode_step_times(batch_size, context_sum, num_steps, within), [(num_steps, batch_size)]
         # (last step, context in step 1) of those leaving early, by last step: the batch shrinks after each
@@ -381,16 +405,16 @@ class CostModelExecutor:
             table += self.cost_model.decode_step_times(batch_size, residue + len(table) * batch_size, size - len(table))
         first = table[start]
         if within < first * num_steps:  # as decode_step_times: steps only grow longer
-            num_steps = max(1, min(num_steps, int(within / first) + 1))
+            num_steps = _fit(num_steps, within, first)
         return table[start:start + num_steps]
 
     def execute_with_decode_run(self, run: DecodeRunPlan, plan: StepPlan) -> StepResult:
         """One step of a one-step decode run plus the requests its plan admits, priced as execute()
         prices the whole StepPlan single steps would make; sampled tokens for the plan's requests."""
         batch_size, context_sum = run.batch_size, run.context_len_sum
-        t = plan_totals(plan)
-        parts = self.cost_model.step_time(batch_size + t.num_tokens, batch_size + t.num_sampled,
-                                          batch_size + t.num_requests, context_sum + t.num_pairs,
-                                          context_sum + batch_size + t.num_kv_tokens, t.num_arrivals)
+        num_tokens, num_sampled, num_requests, num_pairs, num_kv_tokens, num_arrivals = _plan_sums(plan)
+        parts = self.cost_model.step_time(batch_size + num_tokens, batch_size + num_sampled,
+                                          batch_size + num_requests, context_sum + num_pairs,
+                                          context_sum + batch_size + num_kv_tokens, num_arrivals)
         return StepResult(self._sampled(plan), parts.pop("total"), parts)
 

@@ -77,13 +77,14 @@ class SimulatedRequest:
            busy: bool = False) -> "SimulatedRequest":
         """request, finished on the instance whose step ends timeline holds. async_from: the index of the
         token the client sees first, when outputs are processed asynchronously; busy: the instance has
-        more work, so a step follows the last one."""
-        t = request.times
-        times = RequestTimes(t.arrival, t.first_scheduled, t.first_token, compact_token_times(t.token_times, timeline),
-                             t.finished)
-        delays = None if async_from is None else next_step_delays(t.token_times, timeline, async_from, busy)
-        return cls(request.request_id, request.arrival_time, request.num_prompt_tokens, request.num_output_tokens,
-                   request.num_preemptions, times, delays)
+        more work, so a step follows the last one. Its RequestTimes becomes the simulated request's, token
+        times compacted (nothing writes a finished request's times)."""
+        times = request.times
+        token_times = times.token_times
+        delays = None if async_from is None else next_step_delays(token_times, timeline, async_from, busy)
+        times.token_times = compact_token_times(token_times, timeline)
+        return cls(request.request_id, request.arrival_time, len(request.prompt_token_ids),
+                   len(request.output_token_ids), request.num_preemptions, times, delays)
 
 
 def next_step_delays(token_times: Sequence[float], timeline: array, first: int, busy: bool) -> tuple[float, float]:

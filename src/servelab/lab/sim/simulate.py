@@ -263,7 +263,8 @@ class _Simulation:
         step an arrival starts on an idle prefill instance)."""
         # An autoscaler's scrape reads every instance's gauges, so runs stop there too.
         if instance.role != "decode":
-            return min(self._next_arrival_for(instance, next_index), self.next_tick)
+            arrival = self._next_arrival_for(instance, next_index)
+            return self.next_tick if self.next_tick < arrival else arrival
         prefill_ends = min(inst.next_step_time for inst in self.front)
         landing = self.transfer_landings[0] if self.transfer_landings else math.inf
         return min(self._arrival_time(next_index), prefill_ends, landing, self.next_tick)
@@ -279,7 +280,8 @@ class _Simulation:
         if instance not in balancer.instances:  # draining: the router sends it nothing more
             return math.inf
         joins = self.ready_times[0] if self.ready_times else math.inf
-        return min(self._arrival_time(next_index + balancer.picks_before(instance)), joins)
+        arrival = self._arrival_time(next_index + balancer.picks_before(instance))
+        return joins if joins < arrival else arrival
 
     def _arrival_time(self, index: int) -> float:
         return self.workload[index].arrival_time if index < len(self.workload) else math.inf
