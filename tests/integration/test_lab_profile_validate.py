@@ -68,13 +68,15 @@ def test_validate_compares_real_and_simulated(profiled, tiny_llama_dir, tmp_path
     env, _, _ = profiled
     out = servelab("lab", "validate", "--model", str(tiny_llama_dir), "--stages", "serial,continuous,disaggregated",
                    "--max-num-seqs", "4", "--num-prompts", "6", "--input-len", "16", "--output-len", "8",
-                   "--request-rate", "inf", "--json", "--result-dir", str(tmp_path), "--name", "v", env=env)
+                   "--request-rate", "inf", "--repeats", "2", "--json", "--result-dir", str(tmp_path), "--name", "v",
+                   env=env)  # two repeats (one profile refresh between them) keep the suite inside its budget
     assert out.returncode in (0, 1), out.stderr[-3000:]
     payload = json.loads(out.stdout)
     assert [s["stage"] for s in payload["stages"]] == ["1 serial", "3 continuous + paged", "5 disaggregated 1:1"]
     worst = 0.0
     for stage in payload["stages"]:
         real, sim, err = stage["real"], stage["simulated"], stage["error"]
+        assert len(stage["runs"]) == len(stage["simulated_runs"]) == 2  # the median of both repeats
         for key in ("output_throughput", "median_ttft_ms", "median_tpot_ms"):
             assert real[key] > 0 and sim[key] > 0
             assert err[key] == pytest.approx(sim[key] / real[key] - 1)
