@@ -58,19 +58,24 @@ void quantize_row(const float* xs, float scale, int8_t* q, int64_t K) {
   for (; k < K; ++k) q[k] = static_cast<int8_t>(std::nearbyint(std::clamp(xs[k] / scale, -127.0f, 127.0f)));
 }
 
+// A matrix's optional inverse SmoothQuant factors as fp32 (n,), or an undefined tensor where there are none.
+at::Tensor smoothing(const c10::optional<at::Tensor>& inv_smooth, int64_t n, const char* op) {
+  if (!inv_smooth.has_value()) return at::Tensor();
+  auto smooth = inv_smooth->to(at::kFloat).contiguous();
+  TORCH_CHECK(smooth.dim() == 1 && smooth.size(0) == n, op, ": inv_smooth must be (", n, ",)");
+  return smooth;
+}
+
+inline const float* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
 }  // namespace
 
 std::vector<at::Tensor> quantize_rows_int8(const at::Tensor& x_in, const c10::optional<at::Tensor>& inv_smooth) {
   TORCH_CHECK(x_in.dim() == 2, "quantize_rows_int8: x must be (M, K)");
   auto x = x_in.to(at::kFloat).contiguous();
   const int64_t M = x.size(0), K = x.size(1);
-  const float* s = nullptr;
-  at::Tensor smooth;
-  if (inv_smooth.has_value()) {
-    smooth = inv_smooth->to(at::kFloat).contiguous();
-    TORCH_CHECK(smooth.dim() == 1 && smooth.size(0) == K, "quantize_rows_int8: inv_smooth must be (K,)");
-    s = smooth.data_ptr<float>();
-  }
+  const at::Tensor smooth = smoothing(inv_smooth, K, "quantize_rows_int8");
+  const float* s = data_or_null(smooth);
   auto q = at::empty({M, K}, x.options().dtype(at::kChar));
   auto scales = at::empty({M, 1}, x.options());
   const float* xp = x.data_ptr<float>();
@@ -129,13 +134,8 @@ std::vector<at::Tensor> silu_mul_quantize_int8(const at::Tensor& acc, const at::
   auto a = acc.contiguous();
   auto rs = row_scales.to(at::kFloat).contiguous();
   auto cs = col_scales.to(at::kFloat).contiguous();
-  at::Tensor smooth;
-  const float* sp = nullptr;
-  if (inv_smooth.has_value()) {
-    smooth = inv_smooth->to(at::kFloat).contiguous();
-    TORCH_CHECK(smooth.dim() == 1 && smooth.size(0) == I, "silu_mul_quantize_int8: inv_smooth must be (I,)");
-    sp = smooth.data_ptr<float>();
-  }
+  const at::Tensor smooth = smoothing(inv_smooth, I, "silu_mul_quantize_int8");
+  const float* sp = data_or_null(smooth);
   auto q = at::empty({M, I}, a.options().dtype(at::kChar));
   auto scales = at::empty({M, 1}, a.options().dtype(at::kFloat));
   const int32_t* ap = a.data_ptr<int32_t>();
@@ -201,13 +201,8 @@ std::vector<at::Tensor> dequant_add_rms_norm_quantize_int8(const at::Tensor& acc
   auto rs = row_scales.to(at::kFloat).contiguous();
   auto cs = col_scales.to(at::kFloat).contiguous();
   auto w = weight.contiguous();
-  at::Tensor smooth;
-  const float* sp = nullptr;
-  if (inv_smooth.has_value()) {
-    smooth = inv_smooth->to(at::kFloat).contiguous();
-    TORCH_CHECK(smooth.dim() == 1 && smooth.size(0) == N, "dequant_add_rms_norm_quantize_int8: inv_smooth must be (N,)");
-    sp = smooth.data_ptr<float>();
-  }
+  const at::Tensor smooth = smoothing(inv_smooth, N, "dequant_add_rms_norm_quantize_int8");
+  const float* sp = data_or_null(smooth);
   auto q = at::empty({M, N}, a.options().dtype(at::kChar));
   auto scales = at::empty({M, 1}, a.options().dtype(at::kFloat));
   const int32_t* ap = a.data_ptr<int32_t>();

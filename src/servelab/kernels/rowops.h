@@ -236,12 +236,12 @@ inline void decode_attention_heads(const float* q, const T* k_cache, const T* v_
   out += h_begin * group * head_dim;
   const int64_t bytes = (h_end - h_begin) * head_dim * static_cast<int64_t>(sizeof(T));
   const __m128 scale4 = _mm_set1_ps(scale);
-  constexpr int64_t kAhead = kDecodePrefetchTokens;
-  for (int64_t p = 0; p < std::min(context, kAhead); ++p) prefetch_bytes<3>(k_rows[p], bytes);
+  for (int64_t p = 0; p < std::min(context, kDecodePrefetchTokens); ++p) prefetch_bytes<3>(k_rows[p], bytes);
   int64_t pos = 0;
   for (; pos + 4 <= context; pos += 4) {
     for (int64_t j = 0; j < 4; ++j) prefetch_bytes<2>(v_rows[pos + j], bytes);
-    for (int64_t j = pos + kAhead; j < std::min(context, pos + kAhead + 4); ++j) prefetch_bytes<3>(k_rows[j], bytes);
+    const int64_t ahead = pos + kDecodePrefetchTokens;
+    for (int64_t j = ahead; j < std::min(context, ahead + 4); ++j) prefetch_bytes<3>(k_rows[j], bytes);
     for (int64_t h = 0; h < h_end - h_begin; ++h) {
       const T* ptrs[4];
       for (int j = 0; j < 4; ++j) ptrs[j] = k_rows[pos + j] + h * head_dim;
