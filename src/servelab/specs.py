@@ -26,6 +26,9 @@ class DeviceSpec:
     network_bandwidth: float  # bytes/s per device, between nodes
     gpus_per_node: int
     source: str
+    # Streaming multiprocessors (NVIDIA) or compute units (AMD): how many GEMM tiles run at once, so how many
+    # rows a step needs to fill the chip. None: a measured CPU profile (its curves are measured as they are).
+    compute_units: int | None = None
 
     @property
     def interconnect_bandwidth_per_direction(self) -> float:

@@ -20,6 +20,12 @@ from servelab.errors import FieldError, check_fields
 from servelab.rate_schedule import parse_rate_schedule
 
 DATASETS = ("random", "sharegpt-like", "sharegpt-llama3", "prefix-shared")
+# Where the gaps between arrivals come from. servelab: a stream of their own spawned from the seed (lengths and
+# arrivals independent). numpy-legacy: numpy's legacy generator seeded with the seed, the gaps its first draws:
+# vLLM's benchmarks/benchmark_serving.py draws each gap from numpy's global generator (np.random.seed(args.seed),
+# then np.random.gamma(burstiness, 1 / (rate * burstiness)) per request, for burstiness 1 the same draw as its
+# earlier np.random.exponential(1 / rate)), so a published run whose durations show that trace can be replayed.
+ARRIVAL_RNGS = ("servelab", "numpy-legacy")
 # vllm bench serve's random-dataset defaults.
 DEFAULT_INPUT_LEN = 1024
 DEFAULT_OUTPUT_LEN = 128
@@ -57,6 +63,7 @@ class WorkloadConfig:
     # prefix-shared only (None: the defaults above); input_len is then each request's own suffix.
     prefix_len: int | None = None
     num_prefixes: int | None = None
+    arrival_rng: str = "servelab"  # one of ARRIVAL_RNGS
 
     def __post_init__(self) -> None:
         check_fields([
@@ -81,6 +88,11 @@ class WorkloadConfig:
              "{prefix_len} and {num_prefixes} shape the prefix-shared dataset only", ("prefix_len", "num_prefixes")),
             (self.prefix_len is None or self.prefix_len >= 1, f"{{prefix_len}} must be >= 1, got {self.prefix_len}",
              ("prefix_len",)),
+            (self.arrival_rng in ARRIVAL_RNGS,
+             f"{{arrival_rng}} must be one of {', '.join(ARRIVAL_RNGS)}, got {self.arrival_rng!r}", ("arrival_rng",)),
+            (self.arrival_rng == "servelab" or self.rate_schedule is None,
+             "{arrival_rng} numpy-legacy draws a constant rate's gaps; a {rate_schedule} has its own",
+             ("arrival_rng", "rate_schedule")),
             (self.num_prefixes is None or self.num_prefixes >= 1,
              f"{{num_prefixes}} must be >= 1, got {self.num_prefixes}", ("num_prefixes",)),
         ])
@@ -122,8 +134,12 @@ def generate_workload(config: WorkloadConfig) -> list[SampledRequest]:
         return [SampledRequest(t, p, o) for t, p, o in zip(arrivals.tolist(), prompt_lens.tolist(),
                                                             output_lens.tolist())]
     prompt_lens, output_lens = sample_lengths(config, np.random.default_rng(length_seed))
-    arrivals = sample_arrival_times(config.num_prompts, config.request_rate, config.burstiness,
-                                    np.random.default_rng(arrival_seed))
+    if config.arrival_rng == "numpy-legacy":
+        arrivals = sample_arrival_times(config.num_prompts, config.request_rate, config.burstiness,
+                                        np.random.RandomState(config.seed))
+    else:
+        arrivals = sample_arrival_times(config.num_prompts, config.request_rate, config.burstiness,
+                                        np.random.default_rng(arrival_seed))
     if config.shares_prefixes:
         prefix_len = config.effective_prefix_len
         # a stream of its own (the bench's token ids take the third): lengths and arrivals stay those of random
@@ -172,7 +188,7 @@ def _sharegpt_like_lengths(n: int, rng: np.random.Generator, prompt_mu: float = 
 
 
 def sample_arrival_times(num_requests: int, request_rate: float, burstiness: float,
-                         rng: np.random.Generator) -> np.ndarray:
+                         rng: np.random.Generator | np.random.RandomState) -> np.ndarray:
     """Arrival offsets in seconds: the first request at 0, then gamma-distributed gaps with mean
     1/request_rate and shape burstiness (vllm bench serve's arrival process)."""
     if math.isinf(request_rate):
@@ -196,6 +212,8 @@ def describe(config: WorkloadConfig) -> str:
     else:
         lengths = f"{config.dataset} lengths" + (f", output {config.output_len}" if config.output_len else "")
     burst = "" if config.burstiness == 1 else f", burstiness {config.burstiness:g}"
+    if config.arrival_rng != "servelab":
+        burst += f", {config.arrival_rng} arrivals"
     if config.rate_schedule is not None:
         schedule = parse_rate_schedule(config.rate_schedule).describe()
         return f"requests arriving on {schedule}{burst}, {lengths}, seed {config.seed}"

@@ -3,7 +3,9 @@
 Per step, on each of the tp GPUs of an instance (they work in parallel):
   weights:       per layer max(matmul FLOPs / effective FLOP/s, weight bytes / effective bandwidth),
                  plus the LM head for the rows that sample; GEMM efficiency saturates in the step's
-                 token count M: eff(M) = matmul * M / (M + matmul_half_tokens)
+                 token count M: eff(M) = matmul * M / (M + half), half = matmul_half_tokens scaled by
+                 the GPU's SMs / CUs over an H100's 132 (a chip with fewer runs fewer tiles at once and
+                 fills at fewer rows)
   attention:     max(score FLOPs, quadratic in chunk and context, / effective FLOP/s,
                  KV bytes read and written / effective bandwidth) -- prefill is compute-bound,
                  decode memory-bound, one fused kernel for both as in vLLM's varlen attention;
@@ -114,6 +116,20 @@ GPU_EFFICIENCY = Efficiency(
 )
 
 
+# The GPU matmul_half_tokens is stated for: an H100 SXM's 132 SMs.
+REFERENCE_COMPUTE_UNITS = 132
+
+
+def matmul_half_tokens(efficiency: Efficiency, device: DeviceSpec) -> float:
+    """Rows at which a GEMM reaches half its peak share on `device`. A step's GEMMs split into output tiles
+    (ceil(M / tile rows) x ceil(N / tile columns)) that run one per SM (NVIDIA) or CU (AMD) at a time, so at a
+    given N the rows that fill the chip grow with its SMs/CUs: an A10's 72 SMs fill at about half the rows of
+    an H100's 132, an MI300X's 304 CUs at about 2.3 times. A measured CPU profile (no compute_units) keeps the
+    constant as fitted."""
+    units = device.compute_units
+    return efficiency.matmul_half_tokens * (units / REFERENCE_COMPUTE_UNITS if units else 1.0)
+
+
 class CostModel:
     def __init__(self, model: ModelSpec, device: DeviceSpec, efficiency: Efficiency,
                  tensor_parallel_size: int = 1, dtype: str = "bfloat16", cuda_graphs: bool = True,
@@ -133,6 +149,7 @@ class CostModel:
         m = model
         self.num_layers = m.num_hidden_layers
         self.flops = device.flops * efficiency.matmul
+        self.matmul_half_tokens = matmul_half_tokens(efficiency, device)
         self.attention_flops = device.flops * efficiency.attention
         self.bandwidth = device.memory_bandwidth * efficiency.memory
         self.kv_bandwidth = device.memory_bandwidth * efficiency.kv_memory
@@ -160,7 +177,7 @@ class CostModel:
         else:
             experts_read = 1
         # FLOPs over peak * eff(M), eff(M) = matmul * M / (M + half): M's rows cost as if there were M + half
-        half = e.matmul_half_tokens
+        half = self.matmul_half_tokens
         layer_flops = 2 * (num_tokens + half) * (self.dense_params + k * self.expert_params)
         layer_bytes = (self.dense_params + experts_read * self.expert_params) * self.layer_weight_bytes
         layers = self.num_layers * _max(layer_flops / self.flops, layer_bytes / self.bandwidth)

@@ -37,7 +37,7 @@ def get_device(device_id: str) -> DeviceSpec:
         id=device_id, name=e["name"], flops=e["flops"], memory_bandwidth=e["memory_bandwidth"],
         memory_bytes=int(e["memory_gib"] * GIB), interconnect=e["interconnect"],
         interconnect_bandwidth=e["interconnect_bandwidth"], network_bandwidth=e["network_bandwidth"],
-        gpus_per_node=e["gpus_per_node"], source=e["source"],
+        gpus_per_node=e["gpus_per_node"], source=e["source"], compute_units=e["compute_units"],
     )
 
 

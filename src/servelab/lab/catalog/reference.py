@@ -9,7 +9,7 @@ from functools import cache
 
 from servelab.lab.catalog.lookup import DATA_DIR, gpu_ids, model_ids
 from servelab.specs import DTYPE_BYTES, QUANTIZATION_BYTES
-from servelab.workload import DATASETS, WorkloadConfig
+from servelab.workload import ARRIVAL_RNGS, DATASETS, WorkloadConfig
 
 REFERENCE_FILE = DATA_DIR / "reference_points.json"
 # The keys of the lab's `metrics` dict that a published figure can be compared with.
@@ -41,6 +41,8 @@ class SimulatedWorkload:
     output_len: int | None
     sharegpt_like_matches: bool | None  # None: the source's dataset is not ShareGPT
     why: str
+    # the source's own arrival trace where it is known (workload.ARRIVAL_RNGS); optional in the data
+    arrival_rng: str = "servelab"
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,8 @@ def parse_point(entry: dict) -> ReferencePoint:
     _require(entry, tuple(ReferencePoint.__dataclass_fields__), pid)
     _require(entry["source"], tuple(Source.__dataclass_fields__), f"{pid}.source")
     _require(entry["workload"], tuple(Workload.__dataclass_fields__), f"{pid}.workload")
-    _require(entry["workload"]["simulate"], tuple(SimulatedWorkload.__dataclass_fields__), f"{pid}.workload.simulate")
+    _require(entry["workload"]["simulate"], tuple(f for f in SimulatedWorkload.__dataclass_fields__ if f != "arrival_rng"),
+             f"{pid}.workload.simulate")
     _require(entry["metric"], tuple(Metric.__dataclass_fields__), f"{pid}.metric")
     w = entry["workload"]
     disagg = entry["disaggregation"]
@@ -162,6 +165,7 @@ def validate(p: ReferencePoint) -> None:
         (p.group in GROUPS, f"unknown group {p.group!r}"),
         (p.load in ("low", "high"), "load must be low or high"),
         (s.dataset in DATASETS, f"unknown servelab dataset {s.dataset!r}"),
+        (s.arrival_rng in ARRIVAL_RNGS, f"arrival_rng must be one of {ARRIVAL_RNGS}"),
         (p.tp >= 1 and p.pp == 1, "tp must be >= 1; the lab has no pipeline parallelism"),
         (p.num_gpus == p.tp * sum(p.disaggregation) if p.disaggregation else p.num_gpus % p.tp == 0,
          "num_gpus must be a multiple of tp, and (P + D) * tp when disaggregated"),
@@ -203,5 +207,6 @@ def to_simulation(point: ReferencePoint, num_prompts: int | None = None, seed: i
         disaggregate=point.disaggregation, max_num_seqs=point.engine_settings.get("max_num_seqs"),
         max_num_batched_tokens=point.engine_settings.get("max_num_batched_tokens"), **point.deployment_flags)
     workload = WorkloadConfig(dataset=s.dataset, num_prompts=min(num_prompts or s.num_prompts, s.num_prompts), input_len=s.input_len,
-                              output_len=s.output_len, request_rate=point.workload.request_rate, seed=seed)
+                              output_len=s.output_len, request_rate=point.workload.request_rate, seed=seed,
+                              arrival_rng=s.arrival_rng)
     return Simulation(deployment, workload, point.metric.name)

@@ -138,6 +138,10 @@ class _Simulation:
         if d.kv_transfer_link is not None:
             self.transfer_latency_s, self.transfer_bytes_per_s = d.kv_transfer_link
         self.kv_bytes_per_token = d.model.kv_bytes_per_token(d.dtype)
+        # vLLM's disaggregation proxy (first_token_from_decode) sends a request to the decode instance when the
+        # prefill instance's response (max_tokens=1) completes; with asynchronous output processing that
+        # response leaves when the prefill instance's next step ends, or at once when it has none to run.
+        self.proxy_waits_for_output = d.first_token_from_decode and d.async_output
 
     def _make_instance(self, role: str, now: float) -> Instance:
         d = self.d
@@ -221,11 +225,17 @@ class _Simulation:
     def _step(self, instance: Instance, now: float, next_index: int) -> None:
         """next_index: the workload's first request that has not arrived yet."""
         scheduler = instance.core.scheduler
+        held: list[Request] = []
         if instance.pending_finished:
-            self._retire(instance, instance.pending_finished)
+            if self.proxy_waits_for_output and instance.role == "prefill":
+                held = instance.pending_finished
+            else:
+                self._retire(instance, instance.pending_finished)
             instance.pending_finished = []
         horizon = self._horizon(instance, next_index)
         end = instance.step(now, horizon) if scheduler.waiting or scheduler.running else None
+        if held:  # their outputs reach the proxy when the step just started ends (at once if none started)
+            self._retire(instance, held, released=now if end is None else end)
         # Steps (or runs) that end before the horizon are invisible from outside until then, so the
         # instance carries on without a trip through the heap; so are finishes before the horizon. Not
         # for prefill instances: their finishes pick a decode instance by the others' current load.
@@ -252,10 +262,10 @@ class _Simulation:
         instance.next_step_time = end
         heapq.heappush(self.heap, (end, _STEP, next(self.seq), instance))
 
-    def _retire(self, instance: Instance, finished: list[Request]) -> None:
+    def _retire(self, instance: Instance, finished: list[Request], released: float | None = None) -> None:
         instance.num_outstanding -= len(finished)
         for request in finished:
-            self._finish(instance, request, request.times.finished)
+            self._finish(instance, request, request.times.finished, released)
 
     def _horizon(self, instance: Instance, next_index: int) -> float:
         """Earliest time a new request could reach the instance: the next arrival the router may send
@@ -286,7 +296,9 @@ class _Simulation:
     def _arrival_time(self, index: int) -> float:
         return self.workload[index].arrival_time if index < len(self.workload) else math.inf
 
-    def _finish(self, instance: Instance, request: Request, now: float) -> None:
+    def _finish(self, instance: Instance, request: Request, now: float, released: float | None = None) -> None:
+        """released: when the prefill's output reached the disaggregation proxy, which only then sends the
+        request to the decode side (None: when the prefill ended)."""
         index = int(request.request_id)
         w = self.workload[index]
         if instance.role != "prefill" or w.output_len == 1:
@@ -309,10 +321,12 @@ class _Simulation:
         handed.times.finished = None
         handed.status = RequestStatus.WAITING
         target.num_outstanding += 1
+        # The KV leaves when the prefill step ends; the decode side takes the request once the proxy sends it.
+        landing = now + transfer if released is None or released < now + transfer else released
         self.kv_transfer_times.append(transfer)
-        self.request_transfer_s[index] = transfer
-        heapq.heappush(self.transfer_landings, now + transfer)
-        heapq.heappush(self.heap, (now + transfer, _TRANSFER, next(self.seq), (target, handed)))
+        self.request_transfer_s[index] = landing - now
+        heapq.heappush(self.transfer_landings, landing)
+        heapq.heappush(self.heap, (landing, _TRANSFER, next(self.seq), (target, handed)))
 
     def _observe(self, request: Request, output_len: int) -> None:
         times = request.times
