@@ -55,8 +55,9 @@ def _js_clause_patterns() -> list[tuple[re.Pattern, str]]:
 def test_the_autoscaling_decision_cites_the_simulated_comparison_in_both_languages():
     autoscale = api.AutoscaleRequest(policy="keda", min_replicas=1, max_replicas=4, startup_s=20, cooldown_s=30,
                                      interval_s=10, target_waiting=2)
-    # the ramp's peak needs more L4s than its trough and no more than 4 at the shipped calibration
-    request = api.AdviseRequest(api.DeploymentRequest(model="llama-3.1-8b", gpu="l4", max_num_seqs=32),
+    # the ramp's peak needs more L4s than its trough and no more than 4 at the shipped calibration (16 sequences
+    # a replica: at 32, the calib3 constants serve the whole ramp on 3 replicas)
+    request = api.AdviseRequest(api.DeploymentRequest(model="llama-3.1-8b", gpu="l4", max_num_seqs=16),
                                 WorkloadConfig(input_len=512, output_len=64, rate_schedule="ramp:0=0.5,300=10,600=0.5"),
                                 api.TargetsRequest(ttft_target_ms=2000, tpot_target_ms=100), max_gpus=4,
                                 autoscale=autoscale)
