@@ -5,7 +5,7 @@ The burst (64 requests of 128 random prompt tokens, 64 output tokens, ignore_eos
 with `prefill`, a warm-up burst first and then the first 4 steps of a fresh one (1,024 prompt tokens each). Prints
 ms per step by op; "rest" is Python, sampling and everything not wrapped.
 
-    python benchmarks/op_times.py [int8|gguf|none] [batch] [decode|prefill]
+    python benchmarks/op_times.py [int8|gguf|none] [batch] [decode|prefill] [auto|int8 (--kv-cache-dtype)]
 """
 from __future__ import annotations
 
@@ -53,7 +53,9 @@ def main() -> None:
     quant = sys.argv[1] if len(sys.argv) > 1 else "int8"
     batch = int(sys.argv[2]) if len(sys.argv) > 2 else 64
     phase = sys.argv[3] if len(sys.argv) > 3 else "decode"
-    llm = LLM(quantization=None if quant == "none" else quant, max_num_seqs=batch, max_num_batched_tokens=1024)
+    kv_cache_dtype = sys.argv[4] if len(sys.argv) > 4 else "auto"
+    llm = LLM(quantization=None if quant == "none" else quant, max_num_seqs=batch, max_num_batched_tokens=1024,
+              kv_cache_dtype=kv_cache_dtype)
     engine = llm.engine
     model = engine.executor.model
     if model.ops is None:

@@ -9,7 +9,8 @@ prompts each round, so no prefix-cache hits) through `LLMEngine.step`, timing ev
 A step's work is counted as its linear layers only (2 * k * n per token and layer; the LM head for the decode
 rows, which sample; attention and the prefill chunks' sampled rows are left out, so the share is a lower bound).
 
-Usage: python benchmarks/step_roofline.py [--quantization int8] [--rounds 3] [--out benchmarks/results/step_roofline.json]
+Usage: python benchmarks/step_roofline.py [--quantization int8] [--kv-cache-dtype auto|int8] [--rounds 3]
+       [--out benchmarks/results/step_roofline.json]
 Round 0 warms up and is not reported. For an A/B, run it with PYTHONPATH=OTHER_CHECKOUT/src beside this tree.
 """
 from __future__ import annotations
@@ -72,10 +73,12 @@ def main() -> None:
     parser.add_argument("--quantization", default="int8")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto or int8 (servelab's --kv-cache-dtype)")
     parser.add_argument("--out", default="benchmarks/results/step_roofline.json")
     args = parser.parse_args()
 
-    llm = LLM(quantization=args.quantization, max_num_seqs=args.batch, max_num_batched_tokens=1024)
+    llm = LLM(quantization=args.quantization, max_num_seqs=args.batch, max_num_batched_tokens=1024,
+              kv_cache_dtype=args.kv_cache_dtype)
     shapes = linear_shapes(json.loads((resolve_model_path(None) / "config.json").read_text()))
     before = roofline_int8(shapes)
     print("int8 GEMM roofline GFLOP/s by M, before:", {m: round(g, 1) for m, g in before.items()}, flush=True)
@@ -101,7 +104,7 @@ def main() -> None:
     result = {
         "command": "python benchmarks/step_roofline.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": platform.processor() or platform.machine(),
-        "load_average": os.getloadavg(), "quantization": args.quantization,
+        "load_average": os.getloadavg(), "quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype,
         "roofline_int8_gflops": roofline, "roofline_before": before, "roofline_after": after,
         "roofline_best_gflops": best,
         "prefill_step_1024_tokens": summarize(prefill, step_flops(shapes, 1024, 0), best),

@@ -8,6 +8,9 @@ from servelab.specs import ModelSpec
 
 SCHEDULE_POLICIES = ("serial", "static", "continuous")
 QUANTIZATION_METHODS = ("gguf", "int8")  # model/quantization.py
+# vLLM's --kv-cache-dtype: "auto" stores K and V in the model's dtype; "int8" one byte per value with an fp32
+# scale per (token, KV head) row (model/attention.py quantize_kv), half of bf16's bytes.
+KV_CACHE_DTYPES = ("auto", "int8")
 
 
 @dataclass(frozen=True)
@@ -19,8 +22,12 @@ class CacheConfig:
     num_blocks: int | None = None
     # Share the KV of full blocks between requests with the same prefix (paged stages only).
     enable_prefix_caching: bool = True
+    # KV_CACHE_DTYPES (vLLM's CacheConfig.cache_dtype).
+    cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.cache_dtype!r}")
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.kv_cache_memory <= 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
-from servelab.config import (QUANTIZATION_METHODS, SCHEDULE_POLICIES, CacheConfig, KVTransferConfig, ParallelConfig,
+from servelab.config import (KV_CACHE_DTYPES, QUANTIZATION_METHODS, SCHEDULE_POLICIES, CacheConfig, KVTransferConfig, ParallelConfig,
                              SchedulerConfig)
 
 
@@ -20,6 +20,7 @@ class EngineArgs:
     block_size: int = 16
     num_kv_blocks: int | None = None
     enable_prefix_caching: bool = True
+    kv_cache_dtype: str = "auto"
     num_threads: int | None = None
     tensor_parallel_size: int = 1
     nnodes: int = 1
@@ -59,6 +60,10 @@ class EngineArgs:
         parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                             help="reuse the KV of full blocks that earlier requests computed for the same "
                                  "prefix (continuous schedule; --no-enable-prefix-caching turns it off)")
+        parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                            help="auto = K and V in the model's dtype; int8 = one byte per value with an fp32 "
+                                 "scale per token and KV head: half of bf16's bytes per token (twice the blocks "
+                                 "in --kv-cache-memory, half the bytes a decode step's attention reads)")
         parser.add_argument("--num-threads", type=int, default=None,
                             help="torch CPU threads per process (default: the cores, shared among the TP ranks)")
         parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
@@ -102,7 +107,8 @@ class EngineArgs:
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(block_size=self.block_size, kv_cache_memory=self.kv_cache_memory,
-                           num_blocks=self.num_kv_blocks, enable_prefix_caching=self.enable_prefix_caching)
+                           num_blocks=self.num_kv_blocks, enable_prefix_caching=self.enable_prefix_caching,
+                           cache_dtype=self.kv_cache_dtype)
 
     def parallel_config(self) -> ParallelConfig:
         if self.quantization is not None and self.tensor_parallel_size != 1:

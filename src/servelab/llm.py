@@ -15,7 +15,7 @@ from servelab.sampling_params import SamplingParams
 class LLM:
     def __init__(self, model: str | None = None, **kwargs) -> None:
         """kwargs are EngineArgs fields: dtype, schedule, max_num_seqs, max_num_batched_tokens,
-        max_model_len, kv_cache_memory, block_size, num_kv_blocks, enable_prefix_caching, num_threads,
+        max_model_len, kv_cache_memory, block_size, num_kv_blocks, enable_prefix_caching, kv_cache_dtype, num_threads,
         tensor_parallel_size, and for ranks on several machines nnodes, master_addr, master_port (this is
         node 0; the others run `servelab serve --headless`). With tensor_parallel_size > 1 the model runs in
         that many spawned worker processes: call shutdown() (or let the LLM be garbage-collected, or the

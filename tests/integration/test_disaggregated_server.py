@@ -52,8 +52,10 @@ def idle_everywhere(num_engines: int):
 
 
 @pytest.mark.slow
-def test_disaggregated_greedy_output_is_token_identical_to_colocated(start_server):
-    flags = ("--dtype", "float32", "--num-threads", "1", "--num-kv-blocks", "256")
+@pytest.mark.parametrize("kv_cache_dtype,row_bytes", [("auto", 64 * 4), ("int8", 64 + 4)])
+def test_disaggregated_greedy_output_is_token_identical_to_colocated(start_server, kv_cache_dtype, row_bytes):
+    """An int8 cache's blocks move with their scales (row_bytes: 64 values and a 4-byte scale)."""
+    flags = ("--dtype", "float32", "--num-threads", "1", "--num-kv-blocks", "256", "--kv-cache-dtype", kv_cache_dtype)
     colocated = start_server(None, *flags, "-tp", "1")
     expected = greedy_texts(colocated.url)
     colocated.stop()
@@ -65,9 +67,10 @@ def test_disaggregated_greedy_output_is_token_identical_to_colocated(start_serve
     assert values["servelab:generation_tokens_total{engine=0}"] == len(PROMPTS)
     assert values["servelab:generation_tokens_total{engine=1}"] == 23 * len(PROMPTS)
     assert values["servelab:kv_transfer_time_seconds_count{engine=0}"] == len(PROMPTS)
-    # whole blocks move: 16 tokens x 30 layers x K,V x 3 KV heads x 64 x 4 bytes each
-    assert values["servelab:kv_transfer_bytes_total{engine=0}"] % (16 * 30 * 2 * 3 * 64 * 4) == 0
-    assert values["servelab:kv_transfer_bytes_total{engine=0}"] >= len(PROMPTS) * 16 * 30 * 2 * 3 * 64 * 4
+    # whole blocks move: 16 tokens x 30 layers x K,V x 3 KV heads x a row each
+    block_bytes = 16 * 30 * 2 * 3 * row_bytes
+    assert values["servelab:kv_transfer_bytes_total{engine=0}"] % block_bytes == 0
+    assert values["servelab:kv_transfer_bytes_total{engine=0}"] >= len(PROMPTS) * block_bytes
     for i in (0, 1):
         assert values[f"servelab:kv_cache_num_free_blocks{{engine={i}}}"] == 256
 

@@ -4,7 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from servelab.kernels import cpu_ops
-from servelab.model.attention import AttentionMetadata, PrefillChunk, decode_attention, prefill_attention
+from servelab.model.attention import (AttentionMetadata, PrefillChunk, decode_attention, prefill_attention,
+                                      quantize_kv)
 from servelab.model.llama import _rotate_half, rms_norm
 
 ops = cpu_ops()
@@ -30,15 +31,30 @@ def test_rms_norm_and_fused_add():
     torch.testing.assert_close(xx, rms_norm(x + res, w, 1e-5), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def random_cache(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A KV cache of random values: int8 as --kv-cache-dtype int8 stores them (rows of head_dim + 4 bytes)."""
+    x = torch.randn(*shape)
+    return quantize_kv(x) if dtype == torch.int8 else x.to(dtype)
+
+
+def cached_rows(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What a cache of dtype holds for the rows x, as bytes for int8 (compared exactly)."""
+    return quantize_kv(x) if dtype == torch.int8 else x.to(dtype).float()
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_rope_and_cache(cache_dtype):
+    """The rotated q and k, and the cache rows written at the slots; int8 rows byte for byte as
+    attention.py's quantize_kv writes them (values and the fp32 scale after them)."""
     torch.manual_seed(0)
     heads, kv_heads, hd, tokens = 4, 2, 16, 5
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * hd)
+    qkv[2, (heads + 1) * hd:(heads + 2) * hd] = 0  # a k row of zeros: scale 0, values 0
     positions = torch.tensor([0, 3, 7, 8, 20])
     angles = torch.arange(32)[:, None] * torch.rand(hd // 2)[None]
     cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
-    cache = torch.zeros(2, 4, 8, kv_heads, hd, dtype=cache_dtype)
+    row = hd + (4 if cache_dtype == torch.int8 else 0)
+    cache = torch.zeros(2, 4, 8, kv_heads, row, dtype=cache_dtype)
     slots = torch.tensor([1, 9, 10, 30, 31])
     expected = qkv.clone().view(tokens, -1, hd)
     c, s = cos[positions][:, None], sin[positions][:, None]
@@ -46,9 +62,18 @@ def test_rope_and_cache(cache_dtype):
     expected[:, : heads + kv_heads] = qk * c + _rotate_half(qk) * s
     ops.rope_and_cache_(qkv, positions, cos, sin, heads, kv_heads, cache, slots)
     torch.testing.assert_close(qkv.view(tokens, -1, hd), expected, rtol=1e-5, atol=1e-5)
-    flat = cache.view(2, -1, kv_heads, hd)
-    torch.testing.assert_close(flat[0, slots].float(), expected[:, heads:heads + kv_heads].to(cache_dtype).float())
-    torch.testing.assert_close(flat[1, slots].float(), expected[:, heads + kv_heads:].to(cache_dtype).float())
+    flat = cache.view(2, -1, kv_heads, row)
+    got_k, got_v = (flat[i, slots] if cache_dtype == torch.int8 else flat[i, slots].float() for i in (0, 1))
+    # the cache holds the kernel's own rotated k (checked above to rtol 1e-5) and v, as quantize_kv writes them
+    rotated = qkv.view(tokens, -1, hd)
+    want_k = cached_rows(rotated[:, heads:heads + kv_heads], cache_dtype)
+    want_v = cached_rows(rotated[:, heads + kv_heads:], cache_dtype)
+    if cache_dtype == torch.int8:  # byte for byte: values and the fp32 scale after them
+        assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+        assert torch.equal(got_k[2, 1], torch.zeros(row, dtype=torch.int8))
+    else:
+        torch.testing.assert_close(got_k, want_k, rtol=0, atol=0)
+        torch.testing.assert_close(got_v, want_v, rtol=0, atol=0)
     untouched = torch.ones(32, dtype=torch.bool)
     untouched[slots] = False
     assert flat[:, untouched].abs().sum() == 0
@@ -75,13 +100,13 @@ def torch_threads(request):
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("heads,kv_heads,hd,block,lens", ATTENTION_SHAPES)
 def test_paged_decode_attention_matches_reference(cache_dtype, heads, kv_heads, hd, block, lens, torch_threads):
     torch.manual_seed(0)
     max_blocks = -(-max(lens) // block)
     num_blocks = len(lens) * max_blocks + 3
-    cache = torch.randn(2, num_blocks, block, kv_heads, hd).to(cache_dtype)
+    cache = random_cache((2, num_blocks, block, kv_heads, hd), cache_dtype)
     tables = torch.randperm(num_blocks)[:len(lens) * max_blocks].view(len(lens), max_blocks)
     lens = torch.tensor(lens)
     q = torch.randn(len(lens), heads * hd)
@@ -105,7 +130,7 @@ PREFILL_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.int8])
 @pytest.mark.parametrize("heads,kv_heads,hd,block,chunks", PREFILL_SHAPES)
 def test_prefill_attention_matches_reference(cache_dtype, heads, kv_heads, hd, block, chunks, torch_threads):
     """Chunks after other chunks and after cached context (chunked prefill, prefix-cache hits), rows and
@@ -113,7 +138,7 @@ def test_prefill_attention_matches_reference(cache_dtype, heads, kv_heads, hd, b
     wider than the heads (as a view into qkv)."""
     torch.manual_seed(0)
     num_blocks = sum(-(-(n + c) // block) for n, c in chunks) + 2
-    cache = torch.randn(2, num_blocks, block, kv_heads, hd).to(cache_dtype)
+    cache = random_cache((2, num_blocks, block, kv_heads, hd), cache_dtype)
     free = torch.randperm(num_blocks).tolist()
     prefills, start = [], 0
     for n, cached in chunks:

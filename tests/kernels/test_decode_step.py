@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from servelab.kernels import cpu_ops
-from servelab.model.attention import AttentionMetadata
+from servelab.model.attention import AttentionMetadata, dequantize_kv
 from servelab.model.llama import LlamaForCausalLM
 from servelab.specs import ModelSpec
 
@@ -35,14 +35,16 @@ def random_model(bias: bool) -> LlamaForCausalLM:
     return model
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_decode_runner_matches_op_by_op_path(bias):
+@pytest.mark.parametrize("bias,cache_dtype", [(False, "auto"), (True, "auto"), (False, "int8")])
+def test_decode_runner_matches_op_by_op_path(bias, cache_dtype):
+    """bf16 or int8 (--kv-cache-dtype) caches: the runner writes and reads them as the batched ops do."""
     model = random_model(bias)
     runner = model._decode_runner
     assert runner is not None
     cfg = model.config
     block_table = torch.tensor([[5, 2, 7, 0]])  # non-contiguous blocks, room for 16 tokens
-    caches = [torch.zeros(2, 8, BLOCK_SIZE, 2, 16, dtype=torch.bfloat16) for _ in range(cfg.num_hidden_layers)]
+    caches = [torch.zeros(model.kv_cache_shape(8, BLOCK_SIZE, cache_dtype), dtype=model.kv_cache_dtype(cache_dtype))
+              for _ in range(cfg.num_hidden_layers)]
     expected_caches = [c.clone() for c in caches]
     tokens = torch.randint(0, cfg.vocab_size, (13,), generator=torch.Generator().manual_seed(2)).tolist()
     with torch.inference_mode():
@@ -59,6 +61,10 @@ def test_decode_runner_matches_op_by_op_path(bias):
                                        got, rtol=0, atol=0)
             torch.testing.assert_close(model.compute_logits(got), F.linear(got, model.lm_head.float()),
                                        rtol=1e-5, atol=1e-4)
+    if cache_dtype == "int8":
+        assert caches[0].dtype == torch.int8 and caches[0].shape[-1] == 16 + 4
+        caches, expected_caches = ([dequantize_kv(c, torch.float32) for c in cs] for cs in (caches, expected_caches))
+        assert all(c.abs().sum() > 0 for c in caches)
     for c, e in zip(caches, expected_caches):
         torch.testing.assert_close(c.float(), e.float(), rtol=1e-2, atol=1e-2)
 

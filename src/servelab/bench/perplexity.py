@@ -1,4 +1,4 @@
-"""`servelab bench perplexity`: the quality gate for --quantization. Perplexity of the default model
+"""`servelab bench perplexity`: the quality gate for --quantization and --kv-cache-dtype. Perplexity of the default model
 (or --model) on a fixed public-domain text shipped with servelab, per precision, beside llama.cpp's
 llama-perplexity on the same GGUF when the peers build is there.
 
@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 
 TEXT = Path(__file__).parent / "data" / "declaration_of_independence.txt"
-# name -> (dtype, quantization)
-PRECISIONS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "gguf": ("bfloat16", "gguf"),
-              "int8": ("bfloat16", "int8")}
+# name -> (dtype, quantization, kv_cache_dtype)
+PRECISIONS = {"float32": ("float32", None, "auto"), "bfloat16": ("bfloat16", None, "auto"),
+              "gguf": ("bfloat16", "gguf", "auto"), "int8": ("bfloat16", "int8", "auto"),
+              "bfloat16+kv-int8": ("bfloat16", None, "int8"), "int8+kv-int8": ("bfloat16", "int8", "int8")}
 # Each quantized precision must stay this close to bf16's perplexity.
 MAX_RELATIVE_GAP = 0.03
 
@@ -60,8 +61,9 @@ def servelab_perplexity(model: str | None, precision: str, text: str, ctx: int, 
     from servelab.engine.llm_engine import LLMEngine
     from servelab.engine_args import EngineArgs
 
-    dtype, quantization = PRECISIONS[precision]
+    dtype, quantization, kv_cache_dtype = PRECISIONS[precision]
     engine = LLMEngine.from_engine_args(EngineArgs(model=model, dtype=dtype, quantization=quantization,
+                                                   kv_cache_dtype=kv_cache_dtype,
                                                    num_threads=num_threads, max_model_len=ctx,
                                                    num_kv_blocks=-(-ctx // 16)))
     # The tokenizer adds BOS where the model asks for it, as llama-perplexity's tokenization does.
@@ -71,7 +73,8 @@ def servelab_perplexity(model: str | None, precision: str, text: str, ctx: int, 
     for part in parts:
         nll, n = chunk_nll(engine.executor.prompt_logits(part), part)
         total, count = total + nll, count + n
-    return {"precision": precision, "dtype": dtype, "quantization": quantization, "perplexity": math.exp(total / count),
+    return {"precision": precision, "dtype": dtype, "quantization": quantization, "kv_cache_dtype": kv_cache_dtype,
+            "perplexity": math.exp(total / count),
             "num_scored_tokens": count, "num_chunks": len(parts), "weight_bytes": engine.executor.weight_bytes}
 
 
@@ -118,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     bf16 = next((r["perplexity"] for r in rows if r["precision"] == "bfloat16"), None)
     for r in rows:
         r["vs_bf16"] = None if bf16 is None else r["perplexity"] / bf16 - 1
-    failed = [r["precision"] for r in rows if r.get("quantization") and r["vs_bf16"] is not None
+    failed = [r["precision"] for r in rows
+              if (r.get("quantization") or r.get("kv_cache_dtype", "auto") != "auto") and r["vs_bf16"] is not None
               and r["vs_bf16"] > MAX_RELATIVE_GAP]
     table = [{"precision": r["precision"], "perplexity": r["perplexity"], "weight MiB": r["weight_bytes"] / 2**20,
               "vs bf16": "" if r["vs_bf16"] is None else f"{100 * r['vs_bf16']:+.2f}%"} for r in rows]

@@ -38,15 +38,17 @@ def os_total_memory() -> int:
 
 
 class ModelExecutor:
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int) -> None:
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, cache_dtype: str = "auto") -> None:
         cfg = model.config
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
-        # (2, num_blocks, block_size, this rank's num_kv_heads, head_dim) per layer. Zeroed: masked-out slots
-        # are still multiplied by a 0 attention weight, and 0 * NaN from uninitialised memory would poison
-        # the output.
-        self.kv_caches = [torch.zeros(model.kv_cache_shape(num_blocks, block_size), dtype=model.dtype)
+        self.cache_dtype = cache_dtype
+        # (2, num_blocks, block_size, this rank's num_kv_heads, head_dim) per layer (int8: head_dim + 4 bytes
+        # a row). Zeroed: masked-out slots are still multiplied by a 0 attention weight, and 0 * NaN from
+        # uninitialised memory would poison the output.
+        self.kv_caches = [torch.zeros(model.kv_cache_shape(num_blocks, block_size, cache_dtype),
+                                      dtype=model.kv_cache_dtype(cache_dtype))
                           for _ in range(cfg.num_hidden_layers)]
         self.sampler = Sampler()
         self._rows: dict[str, SamplingRow] = {}
@@ -67,12 +69,14 @@ class ModelExecutor:
         else:
             model.load_weights(load_state_dict(folder, dtype))
         model.eval()
-        kv_bytes_per_token = model_config.num_hidden_layers * math.prod(model.kv_cache_shape(1, 1)) * dtype.itemsize
+        cache_dtype = cache_config.cache_dtype
+        kv_bytes_per_token = (model_config.num_hidden_layers * math.prod(model.kv_cache_shape(1, 1, cache_dtype))
+                              * model.kv_cache_dtype(cache_dtype).itemsize)
         num_blocks = cache_config.num_blocks or num_blocks_for_memory(
             kv_cache_bytes(cache_config), kv_bytes_per_token, cache_config.block_size)
         if num_blocks < 1:
             raise ValueError("kv_cache_memory is too small to hold a single KV block")
-        executor = cls(model, num_blocks, cache_config.block_size)
+        executor = cls(model, num_blocks, cache_config.block_size, cache_dtype)
         if quantization == "int8":
             calibration_ids = Tokenizer.from_pretrained(folder).encode(CALIBRATION_TEXT.read_text(encoding="utf-8"))
             model.quantize_int8(executor.linear_input_absmax(calibration_ids))

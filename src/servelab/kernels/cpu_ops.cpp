@@ -1,5 +1,5 @@
 // Fused elementwise ops and paged decode attention for the CPU fast path.
-// Activations are fp32; the KV cache is bf16 or fp32. Shapes are noted per op.
+// Activations are fp32; the KV cache is bf16, fp32 or int8 (kv_cache.h). Shapes are noted per op.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kv_cache.h"
 #include "ops.h"
 #include "rowops.h"
 
@@ -22,17 +23,6 @@ using rowops::write_cache;
 void check_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1, name, ": fp32 (rows, n) with unit stride");
   TORCH_CHECK(x.size(1) % 8 == 0, name, ": row length must be a multiple of 8");
-}
-
-template <typename F>
-void dispatch_kv(at::ScalarType type, F&& f) {
-  if (type == at::kBFloat16) {
-    f(c10::BFloat16{});
-  } else if (type == at::kFloat) {
-    f(float{});
-  } else {
-    TORCH_CHECK(false, "the KV cache must be float32 or bfloat16");
-  }
 }
 
 }  // namespace
@@ -66,20 +56,20 @@ void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight
 }
 
 // qkv: (T, (H + 2 * KVH) * hd) fp32; cos, sin: (max_positions, hd) fp32 (the two halves repeat);
-// kv_cache: (2, num_blocks, block_size, KVH, hd). Rotates q and k in place (rotate-half layout).
+// kv_cache: (2, num_blocks, block_size, KVH, row) (kv_cache.h). Rotates q and k in place (rotate-half layout).
 void rope_and_cache_(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
                      int64_t num_heads, int64_t num_kv_heads, at::Tensor& kv_cache, const at::Tensor& slot_mapping) {
   check_rows(qkv, "rope_and_cache_");
   TORCH_CHECK(qkv.is_contiguous() && kv_cache.is_contiguous(), "rope_and_cache_: contiguous inputs");
-  const int64_t T = qkv.size(0), hd = kv_cache.size(4), row = qkv.size(1);
-  const int64_t kv_size = num_kv_heads * hd;
+  const int64_t T = qkv.size(0), hd = kv_head_dim(kv_cache), row = qkv.size(1);
+  const int64_t kv_size = num_kv_heads * hd, token_stride = num_kv_heads * kv_cache.size(4);
   const int64_t cache_half = kv_cache.numel() / 2;
   const int64_t* pos = positions.data_ptr<int64_t>();
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   float* base = qkv.data_ptr<float>();
   dispatch_kv(kv_cache.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
-    scalar_t* k_cache = kv_cache.data_ptr<scalar_t>();
+    scalar_t* k_cache = kv_data<scalar_t>(kv_cache);
     scalar_t* v_cache = k_cache + cache_half;
     at::parallel_for(0, T, 8, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) {
@@ -88,8 +78,8 @@ void rope_and_cache_(at::Tensor& qkv, const at::Tensor& positions, const at::Ten
         float* tok = base + t * row;
         for (int64_t h = 0; h < num_heads + num_kv_heads; ++h) rowops::rope_rotate(tok + h * hd, c, s, hd);
         const float* k = tok + num_heads * hd;
-        write_cache(k_cache + slots[t] * kv_size, k, kv_size);
-        write_cache(v_cache + slots[t] * kv_size, k + kv_size, kv_size);
+        write_cache(k_cache + slots[t] * token_stride, k, num_kv_heads, hd);
+        write_cache(v_cache + slots[t] * token_stride, k + kv_size, num_kv_heads, hd);
       }
     });
   });
@@ -99,7 +89,7 @@ void rope_and_cache_(at::Tensor& qkv, const at::Tensor& positions, const at::Ten
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, int64_t num_heads) {
   check_rows(q, "paged_decode_attention");
-  const int64_t D = q.size(0), block_size = kv_cache.size(2), num_kv_heads = kv_cache.size(3), hd = kv_cache.size(4);
+  const int64_t D = q.size(0), block_size = kv_cache.size(2), num_kv_heads = kv_cache.size(3), hd = kv_head_dim(kv_cache);
   const int64_t group = num_heads / num_kv_heads, max_blocks = block_tables.size(1);
   TORCH_CHECK(q.size(1) == num_heads * hd && hd % 8 == 0, "paged_decode_attention: q shape");
   auto out = at::empty({D, num_heads * hd}, q.options());
@@ -109,7 +99,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
   const int64_t cache_half = kv_cache.numel() / 2;
   dispatch_kv(kv_cache.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
-    const scalar_t* k_cache = kv_cache.data_ptr<scalar_t>();
+    const scalar_t* k_cache = kv_data<scalar_t>(kv_cache);
     const scalar_t* v_cache = k_cache + cache_half;
     const float* qp = q.data_ptr<float>();
     float* op = out.data_ptr<float>();
@@ -121,7 +111,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
         for (int64_t seq = b; seq < e; ++seq) {
           if (seq + 1 < e)
             rowops::prefetch_context_start(k_cache, tables + (seq + 1) * max_blocks, lens[seq + 1], block_size,
-                                           num_kv_heads * hd);
+                                           num_kv_heads * kv_cache.size(4));
           decode_attention_heads(qp + seq * q.stride(0), k_cache, v_cache, tables + seq * max_blocks, lens[seq],
                                  block_size, num_kv_heads, hd, group, 0, num_kv_heads, scale,
                                  op + seq * num_heads * hd, scores, rows);

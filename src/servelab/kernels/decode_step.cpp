@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gemv.h"
+#include "kv_cache.h"
 #include "ops.h"
 #include "quant_blocks.h"
 #include "rowops.h"
@@ -133,15 +134,18 @@ at::Tensor DecodeRunner::forward(int64_t token, int64_t position, int64_t slot, 
   TORCH_CHECK(block_table.scalar_type() == at::kLong && block_table.is_contiguous(), "DecodeRunner: int64 block table");
   TORCH_CHECK(0 <= token && token < embed_.size(0) && 0 <= position && position < cos_.size(0),
               "DecodeRunner: token or position out of range");
+  const at::ScalarType kv_type = kv_caches[0].scalar_type();
   for (const auto& c : kv_caches)
-    TORCH_CHECK(c.scalar_type() == at::kBFloat16 && c.is_contiguous() && c.dim() == 5 && c.size(3) == num_kv_heads_ &&
-                    c.size(4) == head_dim_, "DecodeRunner: bf16 KV caches (2, blocks, block_size, kv_heads, head_dim)");
+    TORCH_CHECK((kv_type == at::kBFloat16 || kv_type == at::kChar) && c.scalar_type() == kv_type && c.is_contiguous() &&
+                    c.dim() == 5 && c.size(3) == num_kv_heads_ && kv_head_dim(c) == head_dim_,
+                "DecodeRunner: bf16 or int8 KV caches (2, blocks, block_size, kv_heads, row), all alike");
   const int64_t H = hidden_, hd = head_dim_, group = num_heads_ / num_kv_heads_;
   const int64_t q_size = num_heads_ * hd, kv_size = num_kv_heads_ * hd, qkv_rows = q_size + 2 * kv_size;
   const int64_t inter = layers_[0].gate_up.size(0) / 2, block_size = kv_caches[0].size(2);
   const int64_t context = position + 1;
   TORCH_CHECK(block_table.numel() * block_size >= context, "DecodeRunner: block table too short");
-  TORCH_CHECK(slot >= 0 && slot < kv_caches[0].numel() / 2 / kv_size, "DecodeRunner: slot out of range");
+  const int64_t token_stride = num_kv_heads_ * kv_caches[0].size(4);  // a cached token's row, in elements
+  TORCH_CHECK(slot >= 0 && slot < kv_caches[0].numel() / 2 / token_stride, "DecodeRunner: slot out of range");
   const int64_t* table = block_table.data_ptr<int64_t>();
   const float* cos = cos_.data_ptr<float>() + position * hd;
   const float* sin = sin_.data_ptr<float>() + position * hd;
@@ -172,6 +176,7 @@ at::Tensor DecodeRunner::forward(int64_t token, int64_t position, int64_t slot, 
     GemvInput in(std::max({H, q_size, inter}));
     std::vector<float> residual(H, 0.f), normed(H), up(2 * inter), scores;
     std::vector<const at::BFloat16*> kv_rows;
+    std::vector<const rowops::KvInt8*> kv_rows_int8;
 
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& layer = layers_[l];
@@ -183,17 +188,24 @@ at::Tensor DecodeRunner::forward(int64_t token, int64_t position, int64_t slot, 
       }
 #pragma omp barrier
       // Attention, one KV head per task: rotate its query group and its key, cache k and v, attend.
-      at::BFloat16* k_cache = kv_caches[l].data_ptr<at::BFloat16>();
-      at::BFloat16* v_cache = k_cache + kv_caches[l].numel() / 2;
-      for (int64_t h = t; h < num_kv_heads_; h += nt) {
-        float* q = qkv.data() + h * group * hd;
-        float* k = qkv.data() + q_size + h * hd;
-        for (int64_t g = 0; g < group; ++g) rowops::rope_rotate(q + g * hd, cos, sin, hd);
-        rowops::rope_rotate(k, cos, sin, hd);
-        rowops::write_cache(k_cache + slot * kv_size + h * hd, k, hd);
-        rowops::write_cache(v_cache + slot * kv_size + h * hd, k + kv_size, hd);
-        rowops::decode_attention_heads(qkv.data(), k_cache, v_cache, table, context, block_size, num_kv_heads_, hd,
-                                       group, h, h + 1, scale, attn.data(), scores, kv_rows);
+      auto attend = [&](auto* k_cache, auto& rows) {
+        auto* v_cache = k_cache + kv_caches[l].numel() / 2;
+        const int64_t head_stride = kv_caches[l].size(4);
+        for (int64_t h = t; h < num_kv_heads_; h += nt) {
+          float* q = qkv.data() + h * group * hd;
+          float* k = qkv.data() + q_size + h * hd;
+          for (int64_t g = 0; g < group; ++g) rowops::rope_rotate(q + g * hd, cos, sin, hd);
+          rowops::rope_rotate(k, cos, sin, hd);
+          rowops::write_cache(k_cache + slot * token_stride + h * head_stride, k, 1, hd);
+          rowops::write_cache(v_cache + slot * token_stride + h * head_stride, k + kv_size, 1, hd);
+          rowops::decode_attention_heads(qkv.data(), k_cache, v_cache, table, context, block_size, num_kv_heads_, hd,
+                                         group, h, h + 1, scale, attn.data(), scores, rows);
+        }
+      };
+      if (kv_type == at::kChar) {
+        attend(kv_data<rowops::KvInt8>(kv_caches[l]), kv_rows_int8);
+      } else {
+        attend(kv_data<at::BFloat16>(kv_caches[l]), kv_rows);
       }
 #pragma omp barrier
       gemv_rows(layer.o, layer.o_type, attn.data(), q_size, o.data(), h_b, h_e, in);

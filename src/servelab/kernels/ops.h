@@ -38,7 +38,7 @@ std::vector<at::Tensor> dequant_add_rms_norm_quantize_int8(const at::Tensor& acc
                                                            const at::Tensor& weight, double eps,
                                                            const c10::optional<at::Tensor>& inv_smooth);
 
-// A Llama-family decoder (bf16 weights, bf16 KV cache) run one token of one sequence at a time:
+// A Llama-family decoder (bf16 or GGUF weights, bf16 or int8 KV cache) run one token of one sequence at a time:
 // forward() is the whole decode step up to the final norm, in one parallel region, and logits()
 // the LM head (decode_step.cpp). It streams its own packed copy of bf16 matrices (gemv.h), or a
 // GGUF-quantized matrix's blocks as stored (quant_blocks.h).

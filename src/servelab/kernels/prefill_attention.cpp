@@ -2,7 +2,8 @@
 // the fused CPU path. PyTorch's scaled_dot_product_attention reaches ~25 GFLOP/s on SmolLM2's 128-token
 // chunks (9 heads of 64 over 2 threads); this kernel tiles the two products as small GEMMs instead:
 //   phase 1, per (chunk, KV head): the context's K rows as fp32 K^T (head_dim x context, padded to 16
-//            keys) and V rows as fp32 (context x head_dim), read from the bf16 or fp32 cache once;
+//            keys) and V rows as fp32 (context x head_dim), read from the bf16, fp32 or int8 cache once
+//            (an int8 row times its scale);
 //   phase 2, per (chunk, KV head, query head of its group, 16 query rows): scores of 4 rows x 16 keys
 //            per register tile, a softmax over each row's own keys (keys after a row's position are
 //            skipped, not masked), then 4 rows x 16 values of P V per register tile.
@@ -15,6 +16,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kv_cache.h"
 #include "ops.h"
 #include "rowops.h"
 
@@ -102,7 +104,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& kv_cache, co
                              const at::Tensor& num_tokens, const at::Tensor& num_computed,
                              const at::Tensor& block_tables, int64_t num_heads) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kFloat && q.stride(1) == 1, "prefill_attention: fp32 q rows");
-  const int64_t T = q.size(0), block_size = kv_cache.size(2), kvh = kv_cache.size(3), hd = kv_cache.size(4);
+  const int64_t T = q.size(0), block_size = kv_cache.size(2), kvh = kv_cache.size(3), hd = kv_head_dim(kv_cache);
   const int64_t group = num_heads / kvh, C = starts.numel(), max_blocks = block_tables.size(1);
   TORCH_CHECK(q.size(1) == num_heads * hd && hd % 16 == 0 && num_heads % kvh == 0, "prefill_attention: shapes");
   TORCH_CHECK(kv_cache.is_contiguous() && block_tables.is_contiguous() && block_tables.size(0) == C,
@@ -121,11 +123,12 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& kv_cache, co
   }
   std::vector<float> kv(scratch);  // per chunk and KV head: K^T (hd x ctx16), then V (ctx16 x hd)
   auto out = at::empty({T, num_heads * hd}, q.options().memory_format(at::MemoryFormat::Contiguous));
-  const int64_t cache_half = kv_cache.numel() / 2, token_stride = kvh * hd;
+  const int64_t cache_half = kv_cache.numel() / 2, head_stride = kv_cache.size(4), token_stride = kvh * head_stride;
   // Phase 1: the context of every (chunk, KV head), widened to fp32 and laid out for the tiles.
-  auto widen = [&](auto tag) {
+  dispatch_kv(kv_cache.scalar_type(), [&](auto tag) {
     using T_ = decltype(tag);
-    const T_* k_cache = kv_cache.data_ptr<T_>();
+    using Row = rowops::KvRow<T_>;
+    const T_* k_cache = kv_data<T_>(kv_cache);
     const T_* v_cache = k_cache + cache_half;
     at::parallel_for(0, C * kvh, 1, [&](int64_t b, int64_t e) {
       for (int64_t task = b; task < e; ++task) {
@@ -135,10 +138,17 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& kv_cache, co
         float* v = kt + ch.ctx16 * hd;
         const int64_t* table = tables + (task / kvh) * max_blocks;
         for (int64_t pos = 0; pos < ch.context; ++pos) {
-          const int64_t off = (table[pos / block_size] * block_size + pos % block_size) * token_stride + h * hd;
+          const int64_t off =
+              (table[pos / block_size] * block_size + pos % block_size) * token_stride + h * head_stride;
+          const float ks = Row::scale(k_cache + off, hd), vs = Row::scale(v_cache + off, hd);
           for (int64_t d = 0; d < hd; ++d) {
-            kt[d * ch.ctx16 + pos] = static_cast<float>(k_cache[off + d]);
-            v[pos * hd + d] = static_cast<float>(v_cache[off + d]);
+            if constexpr (Row::scaled) {
+              kt[d * ch.ctx16 + pos] = static_cast<float>(k_cache[off + d].v) * ks;
+              v[pos * hd + d] = static_cast<float>(v_cache[off + d].v) * vs;
+            } else {
+              kt[d * ch.ctx16 + pos] = static_cast<float>(k_cache[off + d]);
+              v[pos * hd + d] = static_cast<float>(v_cache[off + d]);
+            }
           }
         }
         for (int64_t pos = ch.context; pos < ch.ctx16; ++pos) {
@@ -147,13 +157,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& kv_cache, co
         }
       }
     });
-  };
-  if (kv_cache.scalar_type() == at::kBFloat16) {
-    widen(c10::BFloat16{});
-  } else {
-    TORCH_CHECK(kv_cache.scalar_type() == at::kFloat, "prefill_attention: the KV cache must be float32 or bfloat16");
-    widen(float{});
-  }
+  });
   // Phase 2: tasks of ROWS_PER_TASK query rows of one query head of one chunk.
   std::vector<int64_t> task_start(C + 1, 0);
   for (int64_t c = 0; c < C; ++c)

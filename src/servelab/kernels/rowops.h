@@ -1,5 +1,5 @@
 // Row-level building blocks shared by the fused CPU ops (cpu_ops.cpp) and the single-sequence
-// decode step (decode_step.cpp). Activations are fp32; K/V rows are fp32 or bf16.
+// decode step (decode_step.cpp). Activations are fp32; K/V rows are fp32, bf16 or int8 (KvInt8).
 #pragma once
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
@@ -14,8 +14,35 @@
 
 namespace servelab::rowops {
 
+// One value of an int8 KV cache (--kv-cache-dtype int8): each (token, KV head) row holds head_dim int8
+// values, then their fp32 scale (max |x| / 127) in the next 4 bytes, so a row is head_dim + 4 bytes and a
+// block carries its own scales (KV transfer and prefix sharing move blocks whole). A row's value is
+// stored * scale; the kernels multiply by the scale once per score (K) or attention weight (V), not per value.
+struct KvInt8 {
+  int8_t v;
+};
+
+// Per-row layout of a KV cache element type: the extra elements after head_dim values, and the row's scale.
+template <typename T>
+struct KvRow {
+  static constexpr bool scaled = false;
+  static constexpr int64_t extra = 0;
+  static float scale(const T*, int64_t) { return 1.f; }
+};
+template <>
+struct KvRow<KvInt8> {
+  static constexpr bool scaled = true;
+  static constexpr int64_t extra = 4;
+  static float scale(const KvInt8* row, int64_t head_dim) {
+    float s;
+    std::memcpy(&s, row + head_dim, sizeof(s));
+    return s;
+  }
+};
+
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const c10::BFloat16* p) { return simd::load_bf16x8(reinterpret_cast<const uint16_t*>(p)); }
+inline __m256 load8(const KvInt8* p) { return simd::load_i8x8(reinterpret_cast<const int8_t*>(p)); }
 using simd::hsum;
 
 // n is a multiple of 8 (head_dim 64/128, hidden sizes): checked by the callers.
@@ -41,9 +68,22 @@ inline void norm_row(const float* r, const float* w, float* out, int64_t n, doub
   for (int64_t i = 0; i < n; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(load8(r + i), inv), load8(w + i)));
 }
 
+// Stores num_heads rows of head_dim values (src: the heads one after another) at dst, rows head_dim +
+// KvRow<T>::extra apart. int8: scale = max |x| / 127 per row, value = round-half-even(x / scale), as
+// model/attention.py's quantize_kv does (a row of zeros keeps scale 0).
 template <typename T>
-inline void write_cache(T* dst, const float* src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i]);
+inline void write_cache(T* dst, const float* src, int64_t num_heads, int64_t head_dim) {
+  for (int64_t i = 0; i < num_heads * head_dim; ++i) dst[i] = static_cast<T>(src[i]);
+}
+inline void write_cache(KvInt8* dst, const float* src, int64_t num_heads, int64_t head_dim) {
+  for (int64_t h = 0; h < num_heads; ++h, src += head_dim, dst += head_dim + KvRow<KvInt8>::extra) {
+    float amax = 0.f;
+    for (int64_t i = 0; i < head_dim; ++i) amax = std::max(amax, std::fabs(src[i]));
+    const float scale = amax / 127.f;
+    for (int64_t i = 0; i < head_dim; ++i)
+      dst[i].v = scale == 0.f ? 0 : static_cast<int8_t>(std::clamp(std::nearbyint(src[i] / scale), -127.f, 127.f));
+    std::memcpy(dst + head_dim, &scale, sizeof(scale));
+  }
 }
 
 // e^x for 8 floats: Cephes' expf (range reduction by ln 2, degree-6 polynomial), within 2 ulp of
@@ -214,19 +254,22 @@ inline void prefetch_context_start(const T* k_cache, const int64_t* table, int64
 // num_kv_heads * group heads of head_dim. K is read four tokens at a time, token by token across the KV heads
 // taken (a token's row is contiguous in the cache, so are a block's rows), each KV head's slice widened
 // once for its whole query group; K rows are prefetched kDecodePrefetchTokens ahead and V rows into L2
-// for the second pass. rows and scores are scratch.
+// for the second pass. Scaled rows (KvInt8): a score takes its K row's scale with the softmax scale, and
+// the attention weights their V row's scale before the weighted sum. rows and scores are scratch.
 template <typename T>
 inline void decode_attention_heads(const float* q, const T* k_cache, const T* v_cache, const int64_t* table,
                                    int64_t context, int64_t block_size, int64_t num_kv_heads, int64_t head_dim,
                                    int64_t group, int64_t h_begin, int64_t h_end, float scale, float* out,
                                    std::vector<float>& scores, std::vector<const T*>& rows) {
-  const int64_t token_stride = num_kv_heads * head_dim, num_heads = (h_end - h_begin) * group;
+  using Row = KvRow<T>;
+  const int64_t head_stride = head_dim + Row::extra, token_stride = num_kv_heads * head_stride;
+  const int64_t num_heads = (h_end - h_begin) * group;
   scores.resize(num_heads * context);
   rows.resize(2 * context);
   const T** k_rows = rows.data();
   const T** v_rows = rows.data() + context;
   for (int64_t start = 0, block = 0; start < context; start += block_size, ++block) {  // no division per token
-    const int64_t base = table[block] * block_size * token_stride + h_begin * head_dim;
+    const int64_t base = table[block] * block_size * token_stride + h_begin * head_stride;
     for (int64_t i = 0, n = std::min(block_size, context - start); i < n; ++i) {
       k_rows[start + i] = k_cache + base + i * token_stride;
       v_rows[start + i] = v_cache + base + i * token_stride;
@@ -234,7 +277,7 @@ inline void decode_attention_heads(const float* q, const T* k_cache, const T* v_
   }
   q += h_begin * group * head_dim;
   out += h_begin * group * head_dim;
-  const int64_t bytes = (h_end - h_begin) * head_dim * static_cast<int64_t>(sizeof(T));
+  const int64_t bytes = (h_end - h_begin) * head_stride * static_cast<int64_t>(sizeof(T));
   const __m128 scale4 = _mm_set1_ps(scale);
   for (int64_t p = 0; p < std::min(context, kDecodePrefetchTokens); ++p) prefetch_bytes<3>(k_rows[p], bytes);
   int64_t pos = 0;
@@ -244,21 +287,34 @@ inline void decode_attention_heads(const float* q, const T* k_cache, const T* v_
     for (int64_t j = ahead; j < std::min(context, ahead + 4); ++j) prefetch_bytes<3>(k_rows[j], bytes);
     for (int64_t h = 0; h < h_end - h_begin; ++h) {
       const T* ptrs[4];
-      for (int j = 0; j < 4; ++j) ptrs[j] = k_rows[pos + j] + h * head_dim;
+      for (int j = 0; j < 4; ++j) ptrs[j] = k_rows[pos + j] + h * head_stride;
+      __m128 s4 = scale4;
+      if constexpr (Row::scaled)
+        s4 = _mm_mul_ps(s4, _mm_setr_ps(Row::scale(ptrs[0], head_dim), Row::scale(ptrs[1], head_dim),
+                                        Row::scale(ptrs[2], head_dim), Row::scale(ptrs[3], head_dim)));
       for_head_triples(group, [&](auto ng, int64_t g) {
         const int64_t head = h * group + g;
         dot4_group<decltype(ng)::value>(q + head * head_dim, ptrs, head_dim, scores.data() + head * context + pos,
-                                        context, scale4);
+                                        context, s4);
       });
     }
   }
   for (; pos < context; ++pos)
-    for (int64_t head = 0; head < num_heads; ++head)
-      scores[head * context + pos] = dot(q + head * head_dim, k_rows[pos] + (head / group) * head_dim, head_dim) * scale;
+    for (int64_t head = 0; head < num_heads; ++head) {
+      const T* k = k_rows[pos] + (head / group) * head_stride;
+      // as the four-token path: the sum times (softmax scale x row scale), the latter 1 for unscaled rows
+      scores[head * context + pos] =
+          dot(q + head * head_dim, k, head_dim) * (Row::scaled ? scale * Row::scale(k, head_dim) : scale);
+    }
   for (int64_t head = 0; head < num_heads; ++head) softmax_inplace(scores.data() + head * context, context);
   const T** hv = k_rows;  // the K row pointers are done with: reuse them for one KV head's V rows
   for (int64_t h = 0; h < h_end - h_begin; ++h) {
-    for (int64_t p = 0; p < context; ++p) hv[p] = v_rows[p] + h * head_dim;
+    for (int64_t p = 0; p < context; ++p) hv[p] = v_rows[p] + h * head_stride;
+    if constexpr (Row::scaled)
+      for (int64_t p = 0; p < context; ++p) {
+        const float vs = Row::scale(hv[p], head_dim);
+        for (int64_t g = 0; g < group; ++g) scores[(h * group + g) * context + p] *= vs;
+      }
     for_head_triples(group, [&](auto ng, int64_t g) {
       weighted_sum_group<decltype(ng)::value>(scores.data() + (h * group + g) * context, context, hv, context,
                                               out + (h * group + g) * head_dim, head_dim);

@@ -1,7 +1,9 @@
 """Paged attention over a block-indexed KV cache, and the plain-torch reference it is tested against.
 
 KV cache per layer: (2, num_blocks, block_size, num_kv_heads, head_dim); a token at position p of a
-request lives in slot block_table[p // block_size] * block_size + p % block_size.
+request lives in slot block_table[p // block_size] * block_size + p % block_size. An int8 cache
+(--kv-cache-dtype int8) has rows of head_dim + 4 bytes: head_dim int8 values, then their fp32 scale
+(quantize_kv), so a block carries its own scales wherever it goes.
 The flattened batch puts single-token decodes first, then prefill chunks (see AttentionMetadata).
 """
 from __future__ import annotations
@@ -47,16 +49,38 @@ class AttentionMetadata:
         return self._packed_prefills
 
 
+INT8_SCALE_BYTES = 4  # an int8 cache row's fp32 scale, after its head_dim values
+
+
+def quantize_kv(x: torch.Tensor) -> torch.Tensor:
+    """(..., head_dim) float -> (..., head_dim + 4) int8 rows: scale = max |x| / 127 in fp32 (stored in the
+    last 4 bytes), values round-half-even(x / scale); a row of zeros keeps scale 0. The CPU kernels'
+    write_cache (kernels/rowops.h) computes the same bytes."""
+    x = x.float()
+    scale = x.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(scale > 0, x / scale, torch.zeros_like(x)).round().clamp(-127, 127).to(torch.int8)
+    return torch.cat([q, scale.contiguous().view(torch.int8)], dim=-1)
+
+
+def dequantize_kv(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """quantize_kv's rows back to values: (..., head_dim + 4) int8 -> (..., head_dim) dtype."""
+    scale = rows[..., -INT8_SCALE_BYTES:].contiguous().view(torch.float32)
+    return (rows[..., :-INT8_SCALE_BYTES].float() * scale).to(dtype)
+
+
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     # k, v: (num_tokens, num_kv_heads, head_dim)
-    num_kv_heads, head_dim = k.shape[1], k.shape[2]
-    kv_cache[0].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
-    kv_cache[1].view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+    if kv_cache.dtype == torch.int8:
+        k, v = quantize_kv(k), quantize_kv(v)
+    num_kv_heads, row = k.shape[1], k.shape[2]
+    kv_cache[0].view(-1, num_kv_heads, row).index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
+    kv_cache[1].view(-1, num_kv_heads, row).index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # cache: (num_blocks, block_size, kvh, hd); block_ids: (..., n) -> (..., n * block_size, kvh, hd)
-    return cache[block_ids].flatten(-4, -3).to(dtype)
+    # cache: (num_blocks, block_size, kvh, row); block_ids: (..., n) -> (..., n * block_size, kvh, hd)
+    rows = cache[block_ids].flatten(-4, -3)
+    return dequantize_kv(rows, dtype) if cache.dtype == torch.int8 else rows.to(dtype)
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

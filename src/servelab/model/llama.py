@@ -16,7 +16,7 @@ from torch import nn
 
 from servelab.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from servelab.kernels import cpu_ops
-from servelab.model.attention import AttentionMetadata, paged_attention, prefill_attention, write_kv
+from servelab.model.attention import INT8_SCALE_BYTES, AttentionMetadata, paged_attention, prefill_attention, write_kv
 from servelab.model.layers import (ColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RowParallelLinear,
                                    VocabParallelEmbedding, compute_dtype)
 from servelab.model.quantization import QUANTIZATION_METHODS, GGUFWeight, Int8Weight, int8_matmul
@@ -219,10 +219,15 @@ class LlamaForCausalLM(nn.Module):
     def lm_head(self) -> nn.Parameter:
         return self.head.weight
 
-    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        """One layer's KV cache on this rank: its KV heads only."""
+    def kv_cache_shape(self, num_blocks: int, block_size: int, cache_dtype: str = "auto") -> tuple[int, ...]:
+        """One layer's KV cache on this rank: its KV heads only; an int8 row carries its scale (attention.py)."""
         layer = self.layers[0]
-        return (2, num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
+        row = layer.head_dim + (INT8_SCALE_BYTES if cache_dtype == "int8" else 0)
+        return (2, num_blocks, block_size, layer.num_kv_heads, row)
+
+    def kv_cache_dtype(self, cache_dtype: str = "auto") -> torch.dtype:
+        """The KV cache's element type for --kv-cache-dtype: the model's dtype for "auto"."""
+        return torch.int8 if cache_dtype == "int8" else self.dtype
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 meta: AttentionMetadata) -> torch.Tensor:

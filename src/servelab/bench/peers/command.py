@@ -42,7 +42,8 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads of every peer (llama.cpp -t/-tb, "
                    "servelab --num-threads, torch for HF and the roofline); default: every core")
     p.add_argument("--quantization", default="none,gguf,int8",
-                   help="servelab's --quantization modes to run, comma-separated from none,gguf,int8 "
+                   help="servelab's --quantization modes to run, comma-separated from none,gguf,int8, each "
+                        "optionally with +kv-int8 (run with --kv-cache-dtype int8, e.g. int8+kv-int8) "
                         "(none: servelab serve's defaults)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-timeout", type=float, default=600.0, help="seconds a server may take to start")
@@ -60,15 +61,20 @@ def parse_only(text: str) -> list[str]:
     return peers
 
 
-def parse_quantization(text: str) -> list[str | None]:
+KV_INT8_SUFFIX = "+kv-int8"  # a mode run with --kv-cache-dtype int8, e.g. int8+kv-int8
+
+
+def parse_quantization(text: str) -> list[tuple[str | None, str]]:
+    """Modes as (--quantization or None, --kv-cache-dtype): none, gguf, int8, each optionally + kv-int8."""
     from servelab.config import QUANTIZATION_METHODS
 
     modes = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [m for m in modes if m != "none" and m not in QUANTIZATION_METHODS]
+    parsed = [(m.removesuffix(KV_INT8_SUFFIX), "int8" if m.endswith(KV_INT8_SUFFIX) else "auto") for m in modes]
+    unknown = [m for m, (q, _) in zip(modes, parsed) if q != "none" and q not in QUANTIZATION_METHODS]
     if not modes or unknown:
         raise ValueError(f"--quantization takes a comma-separated list from none, {', '.join(QUANTIZATION_METHODS)}, "
-                         f"got {text!r}")
-    return [None if m == "none" else m for m in modes]
+                         f"each optionally with {KV_INT8_SUFFIX} (--kv-cache-dtype int8), got {text!r}")
+    return [(None if q == "none" else q, kv) for q, kv in parsed]
 
 
 def result_name(name: str | None) -> str:
@@ -135,9 +141,9 @@ def run(args: argparse.Namespace) -> int:
             llama_runs, llama_info = run_llama_cpp(args, tools, work, tokenizer, Path(log_dir), threads)
             runs += llama_runs
         if "servelab" in peers:
-            for quantization in quantizations:
-                runs += run_servelab_online(args, work, tokenizer, Path(log_dir), quantization)
-                runs += run_servelab_offline(args, work, quantization)
+            for quantization, kv_cache_dtype in quantizations:
+                runs += run_servelab_online(args, work, tokenizer, Path(log_dir), quantization, kv_cache_dtype)
+                runs += run_servelab_offline(args, work, quantization, kv_cache_dtype)
     if "hf" in peers:
         runs += run_hf(work, tokenizer)
     order = ("burst", "poisson", "offline", "decode")

@@ -59,11 +59,14 @@ def run_llama_cpp(args, tools, work: Workloads, tokenizer, log_dir: Path, thread
                   "slot_context": slot_ctx}
 
 
-def quantization_label(quantization: str | None) -> str:
-    return "default flags" if quantization is None else f"--quantization {quantization}"
+def quantization_label(quantization: str | None, kv_cache_dtype: str = "auto") -> str:
+    flags = ([] if quantization is None else [f"--quantization {quantization}"]) + (
+        [] if kv_cache_dtype == "auto" else [f"--kv-cache-dtype {kv_cache_dtype}"])
+    return ", ".join(flags) or "default flags"
 
 
-def run_servelab_online(args, work: Workloads, tokenizer, log_dir: Path, quantization: str | None) -> list[dict]:
+def run_servelab_online(args, work: Workloads, tokenizer, log_dir: Path, quantization: str | None,
+                        kv_cache_dtype: str = "auto") -> list[dict]:
     from servelab.bench.loadgen import first_model_id
     from servelab.bench.stages import ServelabServer
 
@@ -73,13 +76,15 @@ def run_servelab_online(args, work: Workloads, tokenizer, log_dir: Path, quantiz
         flags += ["--num-threads", str(args.threads)]
     if quantization is not None:
         flags += ["--quantization", quantization]
+    if kv_cache_dtype != "auto":
+        flags += ["--kv-cache-dtype", kv_cache_dtype]
     for kind in ("burst", "poisson"):
         print(f"servelab {kind}: servelab serve {shlex.join(flags)}", flush=True)
-        log = log_dir / f"servelab-{quantization or 'none'}-{kind}.log"
+        log = log_dir / f"servelab-{quantization or 'none'}-kv-{kv_cache_dtype}-{kind}.log"
         with ServelabServer(None, flags, log, args.server_timeout) as server:
             model_id = asyncio.run(first_model_id(server.url))
             runs.append({**online_run(kind, work.labels[kind], "servelab", "servelab",
-                                      f"serve, {quantization_label(quantization)}", server.url, model_id,
+                                      f"serve, {quantization_label(quantization, kv_cache_dtype)}", server.url, model_id,
                                       getattr(work, kind), tokenizer, not args.disable_tqdm),
                          "server_flags": flags})
     return runs
@@ -119,13 +124,15 @@ def generate_offline(engine, requests: list[BenchRequest], prefix: str) -> float
     return time.perf_counter() - start
 
 
-def run_servelab_offline(args, work: Workloads, quantization: str | None) -> list[dict]:
+def run_servelab_offline(args, work: Workloads, quantization: str | None, kv_cache_dtype: str = "auto") -> list[dict]:
     from servelab.engine.llm_engine import LLMEngine
     from servelab.engine_args import EngineArgs
 
     # LLM()'s defaults
-    engine = LLMEngine.from_engine_args(EngineArgs(num_threads=args.threads, quantization=quantization))
-    dtype = engine.config.dtype if quantization is None else f"{engine.config.dtype}, --quantization {quantization}"
+    engine = LLMEngine.from_engine_args(EngineArgs(num_threads=args.threads, quantization=quantization,
+                                                   kv_cache_dtype=kv_cache_dtype))
+    flags = quantization_label(quantization, kv_cache_dtype)
+    dtype = engine.config.dtype if flags == "default flags" else f"{engine.config.dtype}, {flags}"
     generate_offline(engine, [dataclasses.replace(r, output_len=4) for r in work.offline[:2]], "peers-warmup")
     elapsed = generate_offline(engine, work.offline, "peers-offline")
     offline = {"workload": work.labels["offline"], "kind": "offline", "peer": "servelab", "engine": "servelab",
