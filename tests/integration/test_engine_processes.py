@@ -15,7 +15,10 @@ import signal
 import httpx
 import pytest
 
+from pathlib import Path
+
 from servelab import LLM, SamplingParams
+from servelab.entrypoints.serve import OPENMP_SPIN_COUNT
 from server_helpers import flood_with_disconnects, TINY_ENGINE_FLAGS, children, metric_values, parse_sse, wait_for_metrics, wait_gone
 
 GRACE_S = 5.0
@@ -40,6 +43,11 @@ def test_two_engine_core_processes(dp2):
     pids = engine_pids(dp2)
     assert len(set(pids)) == 2 and dp2.proc.pid not in pids
     assert set(pids) <= set(children(dp2.proc.pid))
+    if not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & os.environ.keys():  # else the user's setting is inherited
+        for pid in pids:  # the cores spin ~0.1 ms before their OpenMP threads sleep (serve.set_openmp_wait)
+            environ = dict(item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_text().split("\0")
+                           if "=" in item)
+            assert environ.get("GOMP_SPINCOUNT") == OPENMP_SPIN_COUNT and "OMP_WAIT_POLICY" not in environ
 
 
 def test_dp2_spreads_requests_with_the_same_greedy_outputs(dp2, tiny_llama_dir):
