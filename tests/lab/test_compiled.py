@@ -72,7 +72,7 @@ def _run(code: str, **env) -> str:
 def test_the_build_is_loaded_and_its_modules_are_compiled(build_dir):
     code = ("import servelab, servelab.compiled as c, servelab.core.engine as e;"
             "print(c.active(), e.__file__.endswith('.so'))")
-    assert _run(code, SERVELAB_COMPILED_DIR=str(build_dir)).split() == ["True", "True"]
+    assert _run(code, SERVELAB_COMPILED_DIR=str(build_dir), SERVELAB_PURE="0").split() == ["True", "True"]
     assert _run(code, SERVELAB_COMPILED_DIR=str(build_dir), SERVELAB_PURE="1").split() == ["False", "False"]
 
 
@@ -83,6 +83,6 @@ def test_golden_and_multi_step_checks_pass_compiled(build_dir):
     tests = ["tests/lab/test_simulate_golden.py", "tests/lab/test_multi_step.py", "tests/lab/test_run_horizon.py"]
     out = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-o", "addopts=", "-p", "no:cacheprovider", *tests,
                           "-k", "not trimmed_step_ends"], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "SERVELAB_COMPILED_DIR": str(build_dir)})
+                         env={**os.environ, "SERVELAB_COMPILED_DIR": str(build_dir), "SERVELAB_PURE": "0"})
     assert out.returncode == 0, out.stdout[-3000:]
     assert " passed" in out.stdout

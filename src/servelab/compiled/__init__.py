@@ -5,7 +5,7 @@ ext/ beside this file, with a manifest of each source's hash. When servelab is i
 a finder in front of Python's own that loads those extension modules instead of the .py files, but only
 if every listed source still has the hash it was compiled from (the modules are compiled as one group,
 so one edited file turns the whole group off) and the interpreter is the one they were built for.
-Otherwise, or with SERVELAB_PURE=1, nothing changes: the same sources run as Python. Both give the
+Otherwise, or with SERVELAB_PURE=1 (the test suite sets it), nothing changes: the same sources run as Python. Both give the
 same numbers (tests/lab/test_compiled.py).
 """
 from __future__ import annotations
@@ -77,7 +77,7 @@ def install() -> bool:
     """Load the compiled modules from now on, when a current build exists and SERVELAB_PURE is unset.
     Call before any of MODULES is imported (servelab/__init__.py does)."""
     global _active
-    if _active or os.environ.get("SERVELAB_PURE"):
+    if _active or os.environ.get("SERVELAB_PURE", "0") != "0":
         return _active
     files = usable_build()
     if files is None or any(m in sys.modules for m in MODULES):
