@@ -33,7 +33,8 @@ def build(ext_dir: Path = EXT_DIR) -> dict[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(SRC_ROOT)  # mypyc names modules by their paths from here
         try:
-            extensions = mypycify(MYPY_FLAGS + paths, opt_level="3", group_name=GROUP,
+            flags = MYPY_FLAGS + [f"--cache-dir={os.path.join(tmp, 'mypy-cache')}"]  # nothing left in src/
+            extensions = mypycify(flags + paths, opt_level="3", group_name=GROUP,
                                   target_dir=os.path.join(tmp, "c"))
             dist = Distribution({"name": GROUP, "ext_modules": extensions})
             command = dist.get_command_obj("build_ext")
