@@ -19,6 +19,7 @@ import resource
 import time
 from pathlib import Path
 
+from servelab import compiled
 from servelab.lab import api
 from servelab.lab.analysis.autoscale_policies import AutoscalePolicyConfig, make_autoscaler
 from servelab.lab.analysis.meters import request_timings
@@ -69,6 +70,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg()},
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "compiled": compiled.active(),  # the mypyc build of the simulator (servelab/compiled), or pure Python
         "command": f"lab simulate --model llama-3.1-8b --gpu h100 --max-num-seqs 8 --dataset sharegpt-llama3 --rate-schedule {schedule} "
                    "--autoscale keda --max-replicas 8 --startup-time 120 --cooldown 300 --scale-interval 30 "
                    "--ttft-target 500ms --tpot-target 20ms --slo-attribution --json",

@@ -1,6 +1,7 @@
 """Instructions simulate() executes on a fixed slice, counted by valgrind (cachegrind's I refs): a speed figure
 that other jobs on a shared machine do not move (its run-to-run spread is about 1 %), for A/B-ing changes to
-the simulator's hot path. Written to benchmarks/results/lab_sim_instructions.json.
+the simulator's hot path. Written to benchmarks/results/lab_sim_instructions.json (with the mypyc build
+of `make compiled` in use, which it records: SERVELAB_PURE=1 counts pure Python).
 
     .venv/bin/python benchmarks/lab_sim_instructions.py [--src OTHER_TREE/src]
 
@@ -24,6 +25,7 @@ RATE_SCHEDULE = "ramp:0=12,400=12"
 
 
 def inner(run: bool) -> None:
+    from servelab import compiled
     from servelab.lab import api
     from servelab.lab.sim.simulate import simulate
     from servelab.workload import WorkloadConfig, generate_workload
@@ -33,7 +35,8 @@ def inner(run: bool) -> None:
     if run:
         result = simulate(deployment, workload)
         print(json.dumps({"num_requests": len(workload),
-                          "num_entries": sum(len(i.step_stats) for i in result.instances)}))
+                          "num_entries": sum(len(i.step_stats) for i in result.instances),
+                          "compiled": compiled.active()}))
 
 
 def instructions(src: str | None, run: bool) -> tuple[int, str]:

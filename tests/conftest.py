@@ -1,13 +1,18 @@
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# The suite tests the sources as Python, also where `make compiled` built the simulator's compiled modules
+# (SERVELAB_PURE=0 runs it compiled); tests/lab/test_compiled.py reruns the golden checks compiled.
+os.environ.setdefault("SERVELAB_PURE", "1")
 
-from servelab.model.loader import resolve_model_path
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from servelab.model.loader import resolve_model_path  # noqa: E402
 
 # tests/integration holds the helpers that run a real `servelab serve`; the gateway and the load
 # generator tests both start servers through the start_server fixture below.

@@ -165,7 +165,7 @@ class BlockManager:
     def _pop_free(self, count: int) -> list[int]:
         free, head, stale = self._free_block_ids, self._free_head, self._num_stale
         if stale:
-            ids = []
+            ids: list[int] = []
             while len(ids) < count:
                 block_id = free[head]
                 head += 1
@@ -227,7 +227,9 @@ class BlockManager:
         self._ref_counts.update(dict.fromkeys(ids, 1))  # free blocks have no references
         if self.prefix_cache:
             self.prefix_cache.evict(ids)
-        self._in_use[start:start + need] = b"\x01" * need
+        in_use = self._in_use
+        assert in_use is not None  # contiguous reservation keeps the in-use map
+        in_use[start:start + need] = b"\x01" * need
         self.num_free_blocks -= need
         self.block_tables[request_id] = ids
         self._num_table_blocks += need

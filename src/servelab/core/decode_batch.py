@@ -84,7 +84,7 @@ class DecodeBatch:
         if times.first_token is None:
             times.first_token = self.end_times[settled - base]
         times.token_times.extend(self.end_times[settled - base:upto - base])
-        request.output_token_ids.extend([self.token_id] * count)
+        request.output_token_ids.extend([self.token_id] * count)  # type: ignore[list-item]  # set by advance()
         request.num_computed_tokens += count
         block_manager.attribute_tokens(request.request_id, request.num_computed_tokens)
         # Cached here rather than as each block fills: nobody looks up a running request's decode blocks
@@ -125,7 +125,7 @@ class DecodeBatch:
                     steps.append(alloc - step)
                     allocs[index] = alloc + block_size
             return positions, steps
-        found = []  # (step of the next num_steps, position)
+        found: list[tuple[int, int]] = []  # (step of the next num_steps, position)
         for index, last in enumerate(lasts):
             alloc = allocs[index]
             stop = end if end < last else last
@@ -137,8 +137,8 @@ class DecodeBatch:
         if not found:
             return (), ()
         found.sort()
-        steps, positions = zip(*found)
-        return positions, steps
+        found_steps, found_positions = zip(*found)
+        return found_positions, found_steps
 
     def finishing(self, low: int) -> list[tuple[int, int]]:
         """(last step, position) of the members whose last step the batch has reached, sorted: the

@@ -140,7 +140,9 @@ class DecodeRunPlanner:
         if scheduler.contiguous:
             self._alloc_steps = ()
         else:
-            positions, self._alloc_steps = self._batch.take_blocks(num_steps, bm.block_size)
+            batch = self._batch
+            assert batch is not None  # plan() made it
+            positions, self._alloc_steps = batch.take_blocks(num_steps, bm.block_size)
             if positions:
                 running = scheduler.running
                 if bm.append_blocks([running[index].request_id for index in positions]) is None:
@@ -156,6 +158,7 @@ class DecodeRunPlanner:
         step's end; the tokens are written to a request when it leaves the batch or at settle(). Retires
         those reaching max_tokens and returns them, in the order single steps would retire them."""
         batch = self._batch
+        assert batch is not None  # plan() made it
         if token_id != batch.token_id:
             self._write_tokens()
             batch.token_id = token_id
@@ -198,6 +201,7 @@ class DecodeRunPlanner:
 
     def _write_tokens(self) -> None:
         batch, bm = self._batch, self.scheduler.block_manager
+        assert batch is not None
         if batch.num_unsettled_tokens:
             for index, request in enumerate(self.scheduler.running[:len(batch)]):
                 batch.settle(index, request, bm)

@@ -141,12 +141,15 @@ class EngineCore:
         horizon. Its outputs are the requests it finished and those its one step admitted; the batch's
         tokens reach their requests when they finish (the lab reads requests, not outputs)."""
         planner = self.decode_runs
+        assert planner is not None  # step_fn is this method only with decode runs
         run = planner.plan(MAX_DECODE_STEPS)
         if run is None:
             return self.step()
-        executor, scheduler = self.executor, self.scheduler
+        executor: DecodeRunExecutor = self.executor  # type: ignore[assignment]  # checked by the lab's use
+        clock: VirtualClock = self.clock  # type: ignore[assignment]  # checked in __init__
+        scheduler = self.scheduler
         bm = scheduler.block_manager
-        now = self.clock.now()
+        now = clock.now()
         num_steps, durations = run.num_steps, None
         if num_steps > 1:
             durations, segments = executor.price_decode_run(run, horizon - now)
@@ -166,7 +169,7 @@ class EngineCore:
                 ends = [now + durations[0]]
         finished = planner.advance(run, executor.run_token_id, ends)
         end = ends[-1]
-        self.clock.advance_to(end)
+        clock.advance_to(end)
         outputs = [r.output(None) for r in finished] if finished else []
         batch_size = run.batch_size
         if result is None:
@@ -176,6 +179,7 @@ class EngineCore:
             else:
                 batch_tokens = num_steps * batch_size
         else:
+            assert plan is not None  # result is set only for a plan's step
             updated = scheduler.update_from_output(plan, result, end)
             outputs += [r.output(result.sampled.get(r.request_id)) for r in updated]
             breakdown, segments, batch_tokens = result.breakdown, [], batch_size

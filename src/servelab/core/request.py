@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Any
 from dataclasses import dataclass, field
 
 from servelab.core.messages import EngineCoreOutput, EngineCoreRequest, EngineCoreTimes, KVTransferParams
@@ -30,7 +31,8 @@ class RequestTimes:
     arrival: float
     first_scheduled: float | None = None
     first_token: float | None = None
-    token_times: list[float] = field(default_factory=list)
+    # a list while the engine writes it; a finished simulated request's is compacted (lab/sim/finished.py)
+    token_times: Any = field(default_factory=list)
     finished: float | None = None
 
 

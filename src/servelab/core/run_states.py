@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import groupby
 from operator import itemgetter
 
@@ -27,7 +27,7 @@ class RunStates:
     peak_kv_usage: float
 
 
-FIELDS = RunStates.__slots__
+FIELDS = tuple(f.name for f in fields(RunStates))  # not __slots__: a compiled class has none
 
 
 def run_states(start: float, ends: list[float], num_running: int, num_used_blocks: int, num_unused_slots: int,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -169,9 +170,10 @@ class CostModel:
     # ---- components, in seconds per step
     def weights_time(self, num_tokens: int, num_sampled: int) -> float:
         e = self.efficiency
-        if e.layers_curve is not None:
-            return e.layers_curve(num_tokens) + (e.lm_head_curve(num_sampled) if num_sampled else 0.0)
+        if e.layers_curve is not None:  # a measured profile: both curves
+            return e.layers_curve(num_tokens) + (e.lm_head_curve(num_sampled) if num_sampled else 0.0)  # type: ignore[misc]
         m, k = self.model, self.model.num_experts_per_tok
+        experts_read: Any  # 1 (an int) for a dense model, as before: compiled, a float would be converted
         if m.num_experts > 1:  # expected experts touched when num_tokens tokens each pick k of E at random
             experts_read = m.num_experts * (1 - (1 - k / m.num_experts) ** num_tokens)
         else:
@@ -225,8 +227,8 @@ class CostModel:
             cpu += e.layer_launch_overhead_s * self.num_layers
         return cpu if e.overhead_curve is None else cpu + e.overhead_curve(num_requests)
 
-    def step_time(self, num_tokens: int, num_sampled: int, num_requests: int, num_pairs: int,
-                  num_kv_tokens: int, num_arrivals: int = 0) -> dict[str, float]:
+    def step_time(self, num_tokens: int, num_sampled: int, num_requests: int, num_pairs: Any,
+                  num_kv_tokens: Any, num_arrivals: int = 0) -> dict[str, float]:
         parts = {
             "weights": self.weights_time(num_tokens, num_sampled),
             "attention": self.attention_time(num_pairs, num_kv_tokens, num_tokens),
@@ -272,7 +274,7 @@ class CostModel:
             attention = np.arange(kv * (context_len_sum + batch_size), kv * (stop + batch_size), kv * batch_size,
                                   dtype=np.int64) / kv_bandwidth
         else:
-            contexts = np.arange(context_len_sum, stop, batch_size, dtype=np.int64)
+            contexts: Any = np.arange(context_len_sum, stop, batch_size, dtype=np.int64)
             attention = np.maximum(score * contexts / attention_flops, kv * (contexts + batch_size) / kv_bandwidth)
         attention *= layers
         attention += weights  # weights + attention (addition commutes exactly)

@@ -23,10 +23,11 @@ class Instance:
         self.role = role  # "mixed", "prefill" or "decode"
         self.multi_step = multi_step
         self.step_stats = StepLog()
+        self.clock = VirtualClock()
         block_manager = BlockManager(num_blocks, block_size,
                                      enable_caching=enable_prefix_caching and not scheduler_config.contiguous)
         self.core = EngineCore(Scheduler(scheduler_config, block_manager),
-                                 CostModelExecutor(cost_model), VirtualClock(), stats_sink=self.step_stats.append,
+                                 CostModelExecutor(cost_model), self.clock, stats_sink=self.step_stats.append,
                                  decode_runs=multi_step)
         self.num_outstanding = 0  # routed here and not finished, as the router sees it
         self.busy = False
@@ -56,7 +57,7 @@ class Instance:
         earliest time anything from outside can reach this instance) from now. Returns its end time, or
         None when the scheduler had nothing to run."""
         core = self.core
-        core.clock.advance_to(now)
+        self.clock.advance_to(now)
         out = core.step_fn(horizon)
         if out.stats is None:
             return None

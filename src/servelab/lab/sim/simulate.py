@@ -33,7 +33,9 @@ _TRANSFER, _STEP, _READY, _TICK = 0, 1, 2, 3
 def prefix_shared_prompt(index: int, w: SampledRequest) -> list[int]:
     """Stand-in token ids that hash as the real prompt would: its group's prefix (the same ids for every
     request of the group), then a suffix no other request has (negative ids, apart from every prefix's)."""
-    return [w.prefix_group] * w.prefix_len + [-1 - index] * (w.prompt_len - w.prefix_len)
+    group = w.prefix_group
+    assert group is not None  # called for requests of a prefix group only
+    return [group] * w.prefix_len + [-1 - index] * (w.prompt_len - w.prefix_len)
 
 
 class DoesNotFit(ValueError):
@@ -58,7 +60,7 @@ class SimulationResult:
 
     @property
     def duration(self) -> float:
-        return max((r.times.finished for r in self.requests), default=0.0)
+        return max((r.times.finished for r in self.requests), default=0.0)  # type: ignore[type-var,return-value]
 
     def gpu_seconds(self) -> float:
         """GPU time held by the instances: from boot until they were given back, or the end of the run."""
@@ -176,7 +178,7 @@ class _Simulation:
             elif kind == _TICK:
                 self._tick(time)
                 if index < num or self.heap:
-                    self.next_tick = time + self.autoscaler.interval_s
+                    self.next_tick = time + self.autoscaler.interval_s  # type: ignore[union-attr]  # ticks need one
                     heapq.heappush(self.heap, (self.next_tick, _TICK, next(self.seq), None))
             else:
                 self._step(payload, time, index)
@@ -187,7 +189,7 @@ class _Simulation:
     def _tick(self, now: float) -> None:
         for pool in self.pools.values():
             metrics = pool.metrics()
-            desired = self.scaling.clamp(self.autoscaler.desired_replicas(metrics, now))
+            desired = self.scaling.clamp(self.autoscaler.desired_replicas(metrics, now))  # type: ignore[union-attr]
             if desired > metrics.num_replicas:
                 for _ in range(desired - metrics.num_replicas):
                     instance = pool.start(now)
@@ -203,7 +205,7 @@ class _Simulation:
 
     def _arrive(self, index: int, time: float) -> None:
         w = self.workload[index]
-        instance = self.front_balancer.pick()
+        instance: Instance = self.front_balancer.pick()  # type: ignore[assignment]  # its pool's instances
         self.num_arrivals_since_tick += 1
         max_tokens = 1 if instance.role == "prefill" else w.output_len
         if w.prefix_group is None:
@@ -239,14 +241,15 @@ class _Simulation:
         # Steps (or runs) that end before the horizon are invisible from outside until then, so the
         # instance carries on without a trip through the heap; so are finishes before the horizon. Not
         # for prefill instances: their finishes pick a decode instance by the others' current load.
-        chain = instance.multi_step and instance.role != "prefill"
-        while chain and end is not None and end < horizon:
-            if instance.pending_finished:
-                self._retire(instance, instance.pending_finished)
-                instance.pending_finished = []
-            if not (scheduler.waiting or scheduler.running):  # Instance.has_unfinished_requests()
-                break
-            end = instance.step(end, horizon)
+        # (An `if` around the loop: mypyc 2.4 emits broken C for `while chain and end is not None ...`.)
+        if instance.multi_step and instance.role != "prefill":
+            while end is not None and end < horizon:
+                if instance.pending_finished:
+                    self._retire(instance, instance.pending_finished)
+                    instance.pending_finished = []
+                if not (scheduler.waiting or scheduler.running):  # Instance.has_unfinished_requests()
+                    break
+                end = instance.step(end, horizon)
         if end is None or not instance.pending_finished and not instance.has_unfinished_requests():
             instance.busy = False
             instance.next_step_time = math.inf
@@ -257,15 +260,15 @@ class _Simulation:
             return
         pending = instance.pending_finished
         if pending:
-            self._retire(instance, [r for r in pending if r.times.finished < end])
-            instance.pending_finished = [r for r in pending if r.times.finished >= end]
+            self._retire(instance, [r for r in pending if r.times.finished < end])  # type: ignore[operator]
+            instance.pending_finished = [r for r in pending if r.times.finished >= end]  # type: ignore[operator]
         instance.next_step_time = end
         heapq.heappush(self.heap, (end, _STEP, next(self.seq), instance))
 
     def _retire(self, instance: Instance, finished: list[Request], released: float | None = None) -> None:
         instance.num_outstanding -= len(finished)
         for request in finished:
-            self._finish(instance, request, request.times.finished, released)
+            self._finish(instance, request, request.times.finished, released)  # type: ignore[arg-type]  # finished: set
 
     def _horizon(self, instance: Instance, next_index: int) -> float:
         """Earliest time a new request could reach the instance: the next arrival the router may send
@@ -311,7 +314,7 @@ class _Simulation:
             return
         # Prefill done: the decode side admits it with the prompt's KV present (num_computed_tokens = prompt_len).
         transfer = self.transfer_latency_s + w.prompt_len * self.kv_bytes_per_token / self.transfer_bytes_per_s
-        target = self.back_balancer.pick()
+        target = self.back_balancer.pick()  # type: ignore[union-attr]  # disaggregated: a decode pool
         handed = Request(request.request_id, request.prompt_token_ids, self.params, w.output_len, (), request.arrival_time,
                          cache_prefix=request.cache_prefix)
         handed.output_token_ids = list(request.output_token_ids)
@@ -330,6 +333,7 @@ class _Simulation:
 
     def _observe(self, request: Request, output_len: int) -> None:
         times = request.times
-        self.front_pool.ttfts.append(times.first_token - times.arrival)
+        self.front_pool.ttfts.append(times.first_token - times.arrival)  # type: ignore[operator]  # finished: set
         if output_len > 1:
-            (self.back_pool or self.front_pool).tpots.append((times.finished - times.first_token) / (output_len - 1))
+            (self.back_pool or self.front_pool).tpots.append(
+                (times.finished - times.first_token) / (output_len - 1))  # type: ignore[operator]

@@ -13,7 +13,7 @@ from array import array
 from bisect import bisect_left
 from itertools import accumulate, chain
 from operator import attrgetter
-from typing import Iterator
+from typing import Any, Iterator
 
 from servelab.core.engine import StepStats
 from servelab.core.run_states import FIELDS as RUN_STATE_FIELDS, RunStates
@@ -78,8 +78,13 @@ class StepLog:
         if not extras:
             return
         # gathered in lists and packed once: most entries have a breakdown or segments
-        breakdown_index, breakdown_values, states_index, states_values = [], [], [], []
-        segments_index, segments_start, segment_rows = [], [], []
+        breakdown_index: list[int] = []
+        breakdown_values: list[float] = []
+        states_index: list[int] = []
+        states_values: list[float] = []
+        segments_index: list[int] = []
+        segments_start: list[int] = []
+        segment_rows: list[int] = []
         num_segment_values = len(self._segment_rows)
         for index, breakdown, segments, states in extras:
             if breakdown:
@@ -109,7 +114,7 @@ class StepLog:
         self._pack()
         if name not in _STATE_OF_A_STEP:
             return self._columns[name].tolist()
-        values = self._columns[_STATE_OF_A_STEP[name]].tolist()
+        values: list[Any] = self._columns[_STATE_OF_A_STEP[name]].tolist()
         width, k = len(RUN_STATE_FIELDS), RUN_STATE_FIELDS.index(name)
         states = self._states_values[k::width].tolist()
         if name == "peak_running":
@@ -158,7 +163,7 @@ class StepLog:
         if row is None:
             return None
         width = len(RUN_STATE_FIELDS)
-        values = self._states_values[width * row:width * row + width].tolist()
+        values: list[Any] = self._states_values[width * row:width * row + width].tolist()
         values[RUN_STATE_FIELDS.index("peak_running")] = int(values[RUN_STATE_FIELDS.index("peak_running")])
         return RunStates(*values)
 
