@@ -1,7 +1,4 @@
 """servelab: an LLM inference serving system you can run, measure and see inside."""
-from servelab import compiled as _compiled
-
-_compiled.install()  # the simulator's compiled modules, when built and current (servelab/compiled)
 from servelab.sampling_params import SamplingParams
 from servelab.outputs import CompletionOutput, RequestOutput
 

@@ -70,10 +70,17 @@ def _run(code: str, **env) -> str:
 
 
 def test_the_build_is_loaded_and_its_modules_are_compiled(build_dir):
-    code = ("import servelab, servelab.compiled as c, servelab.core.engine as e;"
+    code = ("import servelab.lab, servelab.compiled as c, servelab.core.engine as e;"
             "print(c.active(), e.__file__.endswith('.so'))")
     assert _run(code, SERVELAB_COMPILED_DIR=str(build_dir), SERVELAB_PURE="0").split() == ["True", "True"]
     assert _run(code, SERVELAB_COMPILED_DIR=str(build_dir), SERVELAB_PURE="1").split() == ["False", "False"]
+
+
+def test_the_serving_engine_runs_the_python_sources(build_dir):
+    """An engine core or LLM imports the engine, not the lab: with a current build present, still pure Python."""
+    code = ("import servelab, servelab.engine.llm_engine, servelab.compiled as c, servelab.core.scheduler as s;"
+            "print(c.active(), s.__file__.endswith('.py'))")
+    assert _run(code, SERVELAB_COMPILED_DIR=str(build_dir), SERVELAB_PURE="0").split() == ["False", "True"]
 
 
 def test_golden_and_multi_step_checks_pass_compiled(build_dir):
@@ -81,8 +88,11 @@ def test_golden_and_multi_step_checks_pass_compiled(build_dir):
     # against runs (test_multi_step, test_run_horizon), all with the compiled modules; not the one that
     # patches a method of DecodeBatch (a compiled class's methods are fixed)
     tests = ["tests/lab/test_simulate_golden.py", "tests/lab/test_multi_step.py", "tests/lab/test_run_horizon.py"]
-    out = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-o", "addopts=", "-p", "no:cacheprovider", *tests,
-                          "-k", "not trimmed_step_ends"], capture_output=True, text=True, cwd=ROOT,
+    # the lab first, so that the build is in use before pytest's conftest imports anything (checked)
+    code = ("import sys, servelab.lab, servelab.compiled as c; assert c.active(); import pytest;"
+            f"sys.exit(pytest.main(['-x', '-q', '-o', 'addopts=', '-p', 'no:cacheprovider', *{tests!r},"
+            "'-k', 'not trimmed_step_ends']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "SERVELAB_COMPILED_DIR": str(build_dir), "SERVELAB_PURE": "0"})
     assert out.returncode == 0, out.stdout[-3000:]
     assert " passed" in out.stdout

@@ -1,7 +1,8 @@
 """The simulator's hot modules compiled to C with mypyc, used when built and current; pure Python otherwise.
 
 `python -m servelab.compiled.build` (needs mypy and a C compiler; `make compiled`) compiles MODULES into
-ext/ beside this file, with a manifest of each source's hash. When servelab is imported, install() puts
+ext/ beside this file, with a manifest of each source's hash. When servelab.lab is imported before any of
+MODULES (the lab's processes; never the serving engine's: servelab/lab/__init__.py), install() puts
 a finder in front of Python's own that loads those extension modules instead of the .py files, but only
 if every listed source still has the hash it was compiled from (the modules are compiled as one group,
 so one edited file turns the whole group off) and the interpreter is the one they were built for.
@@ -75,7 +76,7 @@ def usable_build(ext_dir: Path = EXT_DIR) -> dict[str, Path] | None:
 
 def install() -> bool:
     """Load the compiled modules from now on, when a current build exists and SERVELAB_PURE is unset.
-    Call before any of MODULES is imported (servelab/__init__.py does)."""
+    Call before any of MODULES is imported (servelab/lab/__init__.py does); after, it does nothing."""
     global _active
     if _active or os.environ.get("SERVELAB_PURE", "0") != "0":
         return _active
