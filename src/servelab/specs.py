@@ -216,6 +216,17 @@ class ModelSpec:
         """One token's hidden state: what a tensor-parallel all-reduce moves per token."""
         return self.hidden_size * DTYPE_BYTES[dtype]
 
+    def layer_elementwise_bytes_per_token(self, dtype: str, tensor_parallel_size: int = 1) -> int:
+        """HBM bytes one token's activations move through a decoder layer's non-GEMM kernels on one rank:
+        two fused residual-add + RMS norms (each reads the hidden state and the residual and writes both,
+        on every rank after the all-reduce), rotary embedding in place on q and k, and the gated
+        activation (reads gate and up, writes their product; k experts' of a MoE). GEMMs and attention
+        count their own operands; these kernels run between them and stream the step's rows once each."""
+        tp = tensor_parallel_size
+        h, rotary = self.hidden_size, 2 * (self.q_size + self.kv_size) // tp
+        gated = 3 * self.num_experts_per_tok * self.intermediate_size // tp
+        return (8 * h + rotary + gated) * DTYPE_BYTES[dtype]
+
     def forward_activation_bytes(self, num_tokens: int, num_logit_rows: int, dtype: str,
                                  tensor_parallel_size: int = 1) -> int:
         """Peak activations of one forward pass on one rank: num_tokens rows through the MLP (which

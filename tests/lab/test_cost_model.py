@@ -21,6 +21,10 @@ DEVICE = DeviceSpec(id="dev", name="dev", flops=100e12, memory_bandwidth=1e12, m
 IDEAL = Efficiency(matmul=1, attention=1, memory=1, kv_memory=1, interconnect=1, allreduce_latency_s=0,
                    step_overhead_s=0, request_overhead_s=0)
 PARAMS = SamplingParams()
+# HBM bytes per token and layer of the kernels between the GEMMs: two fused add + RMS norms (read hidden and
+# residual, write both: 8 x 1024), rotary in place on q and k (2 x (1024 + 256)), SiLU-and-mul (read gate and
+# up, write one: 3 x 4096), bf16
+ELEMENTWISE = (8 * 1024 + 2 * (1024 + 256) + 3 * 4096) * 2
 
 
 def decode_plan(*contexts):
@@ -37,7 +41,8 @@ def test_toy_model_sizes():
 def test_decode_step_by_hand():
     result = CostModelExecutor(CostModel(TOY, DEVICE, IDEAL)).execute(decode_plan(100))
     layer_weight_bytes = (1024 * 1536 + 1024 * 1024 + 3 * 1024 * 4096) * 2
-    weights = 10 * layer_weight_bytes / 1e12 + 32000 * 1024 * 2 / 1e12  # memory-bound GEMV + LM head
+    # memory-bound GEMV + the norms', rotary's and gated activation's row + LM head
+    weights = 10 * (layer_weight_bytes / 1e12 + ELEMENTWISE / 1e12) + 32000 * 1024 * 2 / 1e12
     # one query over 100 keys: 4*16*64*100 FLOPs is far below reading 101 KV entries of 2*4*64*2 bytes
     attention = 10 * (101 * 1024 / 1e12)
     assert result.breakdown["weights"] == pytest.approx(weights, rel=1e-12)
@@ -51,14 +56,16 @@ def test_prefill_is_compute_bound_and_quadratic():
     plan = StepPlan([ScheduledRequest("a", [0] * 4000, 0, [], True, PARAMS)])
     parts = CostModelExecutor(cm).execute(plan).breakdown
     layer_flops = 2 * 4000 * (1024 * 1536 + 1024 * 1024 + 3 * 1024 * 4096)
-    assert parts["weights"] == pytest.approx(10 * layer_flops / 100e12 + 2 * 32000 * 1024 / 1e12)
+    assert parts["weights"] == pytest.approx(10 * (layer_flops / 100e12 + 4000 * ELEMENTWISE / 1e12)
+                                             + 2 * 32000 * 1024 / 1e12)
     pairs = 4000 * 4000 - 4000 * 3999 // 2  # causal
     assert parts["attention"] == pytest.approx(10 * 4 * 16 * 64 * pairs / 100e12)
 
 
 def test_tensor_parallel_split_and_alpha_beta_all_reduce():
     one, two = CostModel(TOY, DEVICE, IDEAL, 1), CostModel(TOY, DEVICE, IDEAL, 2)
-    assert two.weights_time(1, 1) == pytest.approx(one.weights_time(1, 1) / 2)
+    # every rank runs the norms on the whole hidden state (8 x 1024 bf16 of a token's row per layer)
+    assert two.weights_time(1, 1) == pytest.approx(one.weights_time(1, 1) / 2 + 10 * 4 * 1024 * 2 / 1e12)
     assert two.kv_bytes_per_token_layer == one.kv_bytes_per_token_layer // 2  # KV heads split
     # two all-reduces per layer; ring: 2(tp-1) steps of bytes/tp over 100 GB/s each way
     message = 8 * 1024 * 2
@@ -75,7 +82,8 @@ def test_moe_reads_only_touched_experts():
     one, many = cm.weights_time(1, 0), cm.weights_time(512, 0)
     expert_bytes = mixtral.expert_params * 2 / 3350e9 * mixtral.num_hidden_layers
     dense_bytes = (mixtral.attention_params_per_layer + mixtral.router_params_per_layer) * 2 / 3350e9 * 32
-    assert one == pytest.approx(dense_bytes + 2 * expert_bytes)  # one token touches 2 of 8 experts
+    rows = mixtral.layer_elementwise_bytes_per_token("bfloat16") / 3350e9 * 32  # its row between the GEMMs
+    assert one == pytest.approx(dense_bytes + 2 * expert_bytes + rows)  # one token touches 2 of 8 experts
     assert many > dense_bytes + 7.9 * expert_bytes
 
 
@@ -132,3 +140,45 @@ def test_kv_transfer_time_prompt_over_the_link():
     assert result.kv_transfer_times == [pytest.approx(0.5e-3 + 1000 * 131072 / (450e9 * 0.8))]
     r = result.requests[0]
     assert r.num_output_tokens == 4 and r.times.token_times[1] - r.times.token_times[0] > result.kv_transfer_times[0]
+
+
+def test_elementwise_kernels_stream_every_row_through_memory():
+    assert TOY.layer_elementwise_bytes_per_token("bfloat16") == ELEMENTWISE == 46080
+    # split by tp but for the norms, which every rank runs on the whole hidden state after the all-reduce
+    assert TOY.layer_elementwise_bytes_per_token("bfloat16", 2) == (8 * 1024 + 1024 + 256 + 3 * 2048) * 2
+    # Llama-3.1-8B: 172 KB a token and layer, 5.5 MB a token; a vLLM 0.6 prefill step of 17 prompts of 462
+    # tokens on an H100 at 80% of its HBM streams 43 GB of them: 16 ms on top of its GEMMs
+    llama = get_model("llama-3.1-8b")
+    assert llama.layer_elementwise_bytes_per_token("bfloat16") == (8 * 4096 + 2 * (4096 + 1024) + 3 * 14336) * 2
+    half = Efficiency(**{**IDEAL.__dict__, "memory": 0.8})
+    h100 = get_device("h100")
+    with_rows, without = CostModel(llama, h100, half), CostModel(llama, h100, half)
+    without.elementwise_bytes_per_token = 0
+    extra = with_rows.weights_time(17 * 462, 17) - without.weights_time(17 * 462, 17)
+    assert extra == pytest.approx(32 * 17 * 462 * 172032 / (h100.memory_bandwidth * 0.8))
+    assert 0.010 < extra < 0.020
+    # int4 weights leave the activations in 16 bits
+    assert CostModel(llama, h100, half, quantization="gptq-int4").elementwise_bytes_per_token == 172032
+
+
+def test_a_step_of_requests_whose_kv_arrived_runs_only_the_lm_head():
+    # vLLM's KV connector on a decode instance: the prompt's KV and last hidden state came from the prefill
+    # instance, so the first step skips every decoder layer (bypass_model_exec) and samples from the LM head
+    overheads = Efficiency(**{**IDEAL.__dict__, "step_overhead_s": 1e-3, "request_overhead_s": 1e-5})
+    executor = CostModelExecutor(CostModel(TOY, DEVICE, overheads))
+    received = [ScheduledRequest(str(i), [7], 300, [], True, PARAMS, prompt_token_ids=[0] * 300,
+                                 output_token_ids=[7]) for i in range(2)]
+    result = executor.execute(StepPlan(received))
+    lm_head = 32000 * 1024 * 2 / 1e12  # two rows: reading the head's weights wins
+    assert result.breakdown == {"weights": pytest.approx(lm_head), "attention": 0.0, "communication": 0.0,
+                                "overhead": pytest.approx(1e-3 + 2e-5)}
+    assert list(result.sampled) == ["0", "1"]
+    # the same rows as plain decodes (seen before: no prompt handed in) run every layer
+    decodes = executor.execute(decode_plan(301, 301))
+    assert decodes.breakdown["weights"] > 5 * lm_head and decodes.breakdown["attention"] > 0
+    # a prefix-cache hit still computes its prompt's last token: a normal step
+    hit = ScheduledRequest("h", [0], 299, [], True, PARAMS, prompt_token_ids=[0] * 300)
+    assert executor.execute(StepPlan([hit])).breakdown["attention"] > 0
+    # a step that also decodes others is not bypassed (the connector bypasses whole batches of received prompts)
+    mixed = executor.execute(StepPlan(received + decode_plan(301).scheduled))
+    assert mixed.breakdown["weights"] > 5 * lm_head

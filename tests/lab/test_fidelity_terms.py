@@ -50,7 +50,7 @@ def test_unknown_quantization_and_a_proxy_without_disaggregation_are_refused():
         Deployment(QWEN, A10, 1, first_token_from_decode=True)
 
 
-def test_a_proxy_streaming_from_the_decode_instance_delays_every_token_by_the_handoff_and_one_step():
+def test_a_proxy_streaming_from_the_decode_instance_delays_every_token_by_the_handoff_and_a_bypassed_step():
     workload = WorkloadConfig(num_prompts=20, input_len=1024, output_len=6, request_rate=0.5)
     profile = CalibrationProfile("t", {})
     metrics = ("mean_ttft_ms", "mean_tpot_ms", "mean_e2el_ms")
@@ -58,7 +58,10 @@ def test_a_proxy_streaming_from_the_decode_instance_delays_every_token_by_the_ha
     proxied = [simulate_target(Target(m, "t", _fields(first_token_from_decode=True), workload, m, 1.0), profile)
                for m in metrics]
     shift = proxied[0] - direct[0]
-    assert shift > 0.5 * direct[1]  # at least most of a decode step (plus the KV handoff)
+    # the KV handoff plus the decode instance's first step, which runs no decoder layer (vLLM's KV connector
+    # bypasses the forward when it received the prompt's KV and last hidden state): an LM head and the
+    # step's CPU work, well under half a decode step here, and more than nothing
+    assert 0 < shift < 0.5 * direct[1]
     assert proxied[1] == pytest.approx(direct[1])  # the gaps between tokens do not change
     assert proxied[2] == pytest.approx(direct[2] + shift)
 

@@ -5,7 +5,8 @@ Per step, on each of the tp GPUs of an instance (they work in parallel):
                  plus the LM head for the rows that sample; GEMM efficiency saturates in the step's
                  token count M: eff(M) = matmul * M / (M + half), half = matmul_half_tokens scaled by
                  the GPU's SMs / CUs over an H100's 132 (a chip with fewer runs fewer tiles at once and
-                 fills at fewer rows)
+                 fills at fewer rows); plus each row's trips through HBM in the kernels between the GEMMs
+                 (residual-add + RMS norms, rotary, gated activation) at the weights' bandwidth
   attention:     max(score FLOPs, quadratic in chunk and context, / effective FLOP/s,
                  KV bytes read and written / effective bandwidth) -- prefill is compute-bound,
                  decode memory-bound, one fused kernel for both as in vLLM's varlen attention;
@@ -16,6 +17,8 @@ Per step, on each of the tp GPUs of an instance (they work in parallel):
                  over the decode steps one scheduling pass plans (multi-step scheduling); kernel
                  launches per layer unless a CUDA graph replays a decode step; plus one per request
                  scheduled for the first time (its arrival: a CPU profile's HTTP handling)
+A step of requests whose prompt KV arrived from a prefill instance runs only the LM head (vLLM's KV
+connector bypasses the model's forward for them).
 Samples a dummy token that never stops a request, so outputs run to max_tokens (like ignore_eos).
 The API server's own work per request (HTTP, tokenization, detokenization: api_*_overhead_s) runs in
 another process and does not slow steps; the simulator adds it to each request's timestamps.
@@ -28,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from servelab.core.plan import DecodeRunPlan, SampledToken, StepPlan, StepResult
+from servelab.core.plan import DecodeRunPlan, SampledToken, ScheduledRequest, StepPlan, StepResult
 from servelab.executor.curve import PiecewiseLinear
 from servelab.specs import DTYPE_BYTES, QUANTIZATION_BYTES, DeviceSpec, ModelSpec
 
@@ -165,6 +168,8 @@ class CostModel:
         self.kv_bytes_per_token_layer = m.layer_kv_bytes_per_token(dtype, shard)
         self.score_flops_per_pair = m.layer_score_flops_per_pair(shard)
         self.hidden_bytes_per_token = m.hidden_bytes_per_token(dtype)
+        # activations stay in dtype under weight-only quantization
+        self.elementwise_bytes_per_token = m.layer_elementwise_bytes_per_token(dtype, shard)
         self._decode_fixed_cache: dict[int, tuple[float, float, float]] = {}
 
     # ---- components, in seconds per step
@@ -182,11 +187,33 @@ class CostModel:
         half = self.matmul_half_tokens
         layer_flops = 2 * (num_tokens + half) * (self.dense_params + k * self.expert_params)
         layer_bytes = (self.dense_params + experts_read * self.expert_params) * self.layer_weight_bytes
-        layers = self.num_layers * _max(layer_flops / self.flops, layer_bytes / self.bandwidth)
+        # the norms, rotary and gated activation between the GEMMs stream the step's rows through HBM
+        elementwise = num_tokens * self.elementwise_bytes_per_token / self.bandwidth
+        layers = self.num_layers * (_max(layer_flops / self.flops, layer_bytes / self.bandwidth) + elementwise)
         if num_sampled == 0:
             return layers
-        return layers + _max(2 * (num_sampled + half) * self.lm_head_params / self.flops,
-                            self.lm_head_params * self.dtype_bytes / self.bandwidth)
+        return layers + self.lm_head_time(num_sampled)
+
+    def lm_head_time(self, num_sampled: int) -> float:
+        e = self.efficiency
+        if e.lm_head_curve is not None:
+            return e.lm_head_curve(num_sampled)
+        return _max(2 * (num_sampled + self.matmul_half_tokens) * self.lm_head_params / self.flops,
+                    self.lm_head_params * self.dtype_bytes / self.bandwidth)
+
+    def received_step_time(self, num_requests: int) -> dict[str, float]:
+        """A step of requests whose prompt KV and last hidden state arrived from a prefill instance, each
+        sampling its next token: vLLM's KV connector (simple_connector's recv_kv_caches_and_hidden_states)
+        writes the received KV into the paged cache and returns bypass_model_exec, so no decoder layer runs
+        and no layer's kernels launch; the LM head turns the received hidden states into logits. The
+        transfer itself is priced where it lands (lab/sim/simulate.py)."""
+        e = self.efficiency
+        cpu = e.step_overhead_s + (e.request_overhead_s + e.token_overhead_s) * num_requests
+        overhead = cpu if e.overhead_curve is None else cpu + e.overhead_curve(num_requests)
+        parts = {"weights": self.lm_head_time(num_requests), "attention": 0.0, "communication": 0.0,
+                 "overhead": overhead}
+        parts["total"] = parts["weights"] + parts["overhead"]
+        return parts
 
     def effective_attention_flops(self, num_tokens: int) -> float:
         """Attention kernels' FLOP/s at a step of num_tokens query tokens (saturating in num_tokens)."""
@@ -328,6 +355,13 @@ def _fit(num_steps: int, within: float, first: float) -> int:
     return fits if fits > 1 else 1
 
 
+def _received(s: ScheduledRequest) -> bool:
+    """First scheduled here with its whole prompt's KV already present: handed over by a prefill instance
+    (a prefix-cache hit still computes the prompt's last token; a preempted request starts again from 0)."""
+    prompt = s.prompt_token_ids
+    return prompt is not None and s.num_computed_tokens >= len(prompt) and s.sample
+
+
 def plan_totals(plan: StepPlan) -> StepTotals:
     """The executor's step arithmetic, also what calibration fits measured steps by."""
     return StepTotals(*_plan_sums(plan))
@@ -371,7 +405,11 @@ class CostModelExecutor:
         self._decode_tables: dict[tuple[int, int], list[float]] = {}
 
     def execute(self, plan: StepPlan) -> StepResult:
-        parts = self.cost_model.price(plan_totals(plan))
+        scheduled = plan.scheduled
+        if scheduled and _received(scheduled[0]) and all(map(_received, scheduled)):
+            parts = self.cost_model.received_step_time(len(scheduled))
+        else:
+            parts = self.cost_model.price(plan_totals(plan))
         return StepResult(sampled=self._sampled(plan), duration=parts.pop("total"), breakdown=parts)
 
     def _sampled(self, plan: StepPlan) -> dict[str, SampledToken]:
