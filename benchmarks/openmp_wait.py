@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -21,23 +20,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from served_cpu import wait_ready
+from served_cpu import CLI, serving
 
 VARIANTS = {"passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin": {"GOMP_SPINCOUNT": "10000"},
             "default": {"GOMP_SPINCOUNT": "300000"}}
 KINDS = {"burst": ["--num-prompts", "64", "--input-len", "128", "--output-len", "64"],
          "single": ["--num-prompts", "6", "--input-len", "128", "--output-len", "64", "--max-concurrency", "1"]}
-CLI = [sys.executable, "-m", "servelab.entrypoints.cli"]
-
-
 def one_server(env_extra: dict, flags: list[str], port: int, out: Path, label: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")} | env_extra
-    server = subprocess.Popen([*CLI, "serve", *flags, "--port", str(port), "--log-level", "warning"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url, server)
-        result = {}
+    result = {}
+    with serving(flags, port, env) as (_, url):
         for kind, args in KINDS.items():
             path = out / f"{label}-{kind}.json"
             subprocess.run([*CLI, "bench", "serve", "--base-url", url, *args, "--seed", "0", "--ignore-eos",
@@ -46,14 +38,7 @@ def one_server(env_extra: dict, flags: list[str], port: int, out: Path, label: s
             r = json.loads(path.read_text())
             result[kind] = {"output_tok_s": r["output_throughput"], "median_tpot_ms": r["median_tpot_ms"],
                             "p99_ttft_ms": r["p99_ttft_ms"]}
-        return result
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    return result
 
 
 def main() -> None:

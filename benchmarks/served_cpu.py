@@ -11,6 +11,7 @@ children). CPU seconds are robust to a busy machine in a way that tokens/s are n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -60,24 +61,19 @@ def wait_ready(url: str, server: subprocess.Popen, timeout_s: float = 600.0) -> 
     raise RuntimeError("the server did not start")
 
 
-def one_run(label: str, src: Path, serve_flags: list[str], port: int, num_prompts: int, out_dir: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(src)}
-    cli = [sys.executable, "-m", "servelab.entrypoints.cli"]
-    server = subprocess.Popen([*cli, "serve", *serve_flags, "--port", str(port), "--log-level", "warning"], env=env,
-                              stdout=subprocess.DEVNULL, stderr=open(out_dir / f"{label}-server.log", "w"))
+CLI = [sys.executable, "-m", "servelab.entrypoints.cli"]
+
+
+@contextlib.contextmanager
+def serving(serve_flags: list[str], port: int, env: dict, stderr=subprocess.DEVNULL):
+    """`servelab serve <flags>` on 127.0.0.1:port, ready; (process, url). Stopped with SIGINT on exit (killed
+    after 60 s)."""
+    server = subprocess.Popen([*CLI, "serve", *serve_flags, "--port", str(port), "--log-level", "warning"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, server)
-        cores = engine_cores(server.pid)
-        before = {"api": cpu_seconds(server.pid), "engine": sum(cpu_seconds(p) for p in cores)}
-        result_file = out_dir / f"{label}.json"
-        client = subprocess.Popen([*cli, "bench", "serve", "--base-url", url, "--num-prompts", str(num_prompts),
-                                   "--input-len", "128", "--output-len", "64", "--seed", "0", "--ignore-eos",
-                                   "--disable-tqdm", "--result-dir", str(out_dir), "--name", label,
-                                   "--result-file", str(result_file)], env=env, stdout=subprocess.PIPE, text=True)
-        _, _, rusage = os.wait4(client.pid, 0)
-        client_out = client.stdout.read()
-        after = {"api": cpu_seconds(server.pid), "engine": sum(cpu_seconds(p) for p in cores)}
+        yield server, url
     finally:
         server.send_signal(signal.SIGINT)
         try:
@@ -85,6 +81,21 @@ def one_run(label: str, src: Path, serve_flags: list[str], port: int, num_prompt
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def one_run(label: str, src: Path, serve_flags: list[str], port: int, num_prompts: int, out_dir: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    with serving(serve_flags, port, env, open(out_dir / f"{label}-server.log", "w")) as (server, url):
+        cores = engine_cores(server.pid)
+        before = {"api": cpu_seconds(server.pid), "engine": sum(cpu_seconds(p) for p in cores)}
+        result_file = out_dir / f"{label}.json"
+        client = subprocess.Popen([*CLI, "bench", "serve", "--base-url", url, "--num-prompts", str(num_prompts),
+                                   "--input-len", "128", "--output-len", "64", "--seed", "0", "--ignore-eos",
+                                   "--disable-tqdm", "--result-dir", str(out_dir), "--name", label,
+                                   "--result-file", str(result_file)], env=env, stdout=subprocess.PIPE, text=True)
+        _, _, rusage = os.wait4(client.pid, 0)
+        client_out = client.stdout.read()
+        after = {"api": cpu_seconds(server.pid), "engine": sum(cpu_seconds(p) for p in cores)}
     result = json.loads(result_file.read_text())
     tokens = result["total_output_tokens"]
     row = {"label": label, "output_tok_s": round(result["output_throughput"], 1),
