@@ -43,7 +43,6 @@ class ModelExecutor:
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
-        self.cache_dtype = cache_dtype
         # (2, num_blocks, block_size, this rank's num_kv_heads, head_dim) per layer (int8: head_dim + 4 bytes
         # a row). Zeroed: masked-out slots are still multiplied by a 0 attention weight, and 0 * NaN from
         # uninitialised memory would poison the output.

@@ -140,15 +140,11 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& kv_cache, co
         for (int64_t pos = 0; pos < ch.context; ++pos) {
           const int64_t off =
               (table[pos / block_size] * block_size + pos % block_size) * token_stride + h * head_stride;
+          // the row's scale: 1 for unscaled rows, where the product is the value itself
           const float ks = Row::scale(k_cache + off, hd), vs = Row::scale(v_cache + off, hd);
           for (int64_t d = 0; d < hd; ++d) {
-            if constexpr (Row::scaled) {
-              kt[d * ch.ctx16 + pos] = static_cast<float>(k_cache[off + d].v) * ks;
-              v[pos * hd + d] = static_cast<float>(v_cache[off + d].v) * vs;
-            } else {
-              kt[d * ch.ctx16 + pos] = static_cast<float>(k_cache[off + d]);
-              v[pos * hd + d] = static_cast<float>(v_cache[off + d]);
-            }
+            kt[d * ch.ctx16 + pos] = static_cast<float>(k_cache[off + d]) * ks;
+            v[pos * hd + d] = static_cast<float>(v_cache[off + d]) * vs;
           }
         }
         for (int64_t pos = ch.context; pos < ch.ctx16; ++pos) {

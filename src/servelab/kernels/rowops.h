@@ -20,6 +20,7 @@ namespace servelab::rowops {
 // stored * scale; the kernels multiply by the scale once per score (K) or attention weight (V), not per value.
 struct KvInt8 {
   int8_t v;
+  explicit operator float() const { return v; }  // the stored value, before its row's scale
 };
 
 // Per-row layout of a KV cache element type: the extra elements after head_dim values, and the row's scale.
@@ -303,8 +304,7 @@ inline void decode_attention_heads(const float* q, const T* k_cache, const T* v_
     for (int64_t head = 0; head < num_heads; ++head) {
       const T* k = k_rows[pos] + (head / group) * head_stride;
       // as the four-token path: the sum times (softmax scale x row scale), the latter 1 for unscaled rows
-      scores[head * context + pos] =
-          dot(q + head * head_dim, k, head_dim) * (Row::scaled ? scale * Row::scale(k, head_dim) : scale);
+      scores[head * context + pos] = dot(q + head * head_dim, k, head_dim) * (scale * Row::scale(k, head_dim));
     }
   for (int64_t head = 0; head < num_heads; ++head) softmax_inplace(scores.data() + head * context, context);
   const T** hv = k_rows;  // the K row pointers are done with: reuse them for one KV head's V rows

@@ -131,8 +131,9 @@ def run_servelab_offline(args, work: Workloads, quantization: str | None, kv_cac
     # LLM()'s defaults
     engine = LLMEngine.from_engine_args(EngineArgs(num_threads=args.threads, quantization=quantization,
                                                    kv_cache_dtype=kv_cache_dtype))
-    flags = quantization_label(quantization, kv_cache_dtype)
-    dtype = engine.config.dtype if flags == "default flags" else f"{engine.config.dtype}, {flags}"
+    dtype = engine.config.dtype
+    if quantization is not None or kv_cache_dtype != "auto":
+        dtype = f"{dtype}, {quantization_label(quantization, kv_cache_dtype)}"
     generate_offline(engine, [dataclasses.replace(r, output_len=4) for r in work.offline[:2]], "peers-warmup")
     elapsed = generate_offline(engine, work.offline, "peers-offline")
     offline = {"workload": work.labels["offline"], "kind": "offline", "peer": "servelab", "engine": "servelab",
