@@ -7,13 +7,15 @@ import torch.nn.functional as F
 from servelab.kernels import cpu_ops
 from servelab.model.attention import AttentionMetadata, dequantize_kv
 from servelab.model.llama import LlamaForCausalLM
+from servelab.model.quantization import GGUFWeight
 from servelab.specs import ModelSpec
 
 pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="servelab CPU ops need AVX2+FMA and a C++ compiler")
 BLOCK_SIZE = 4
 
 
-def random_model(bias: bool) -> LlamaForCausalLM:
+def random_model(bias: bool, gguf_type: int | None = None) -> LlamaForCausalLM:
+    """bf16 weights, or (gguf_type) every matrix quantized to that GGUF type with gguf-py."""
     cfg = ModelSpec(id="random", name="random", architecture="LlamaForCausalLM", vocab_size=300, hidden_size=64,
                     intermediate_size=96, num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
                     head_dim=16, max_position_embeddings=64, attention_bias=bias)
@@ -30,9 +32,25 @@ def random_model(bias: bool) -> LlamaForCausalLM:
                p + "mlp.down_proj.weight": rand(64, 96)}
         if bias:
             sd |= {p + f"self_attn.{n}_proj.bias": rand(size) for n, size in (("q", 96), ("k", 32), ("v", 32))}
-    model = LlamaForCausalLM(cfg, torch.bfloat16, max_positions=64)
+    if gguf_type is not None:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import quantize
+
+        for name, w in list(sd.items()):
+            if w.dim() == 2:
+                blocks = quantize(w.numpy(), GGMLQuantizationType(gguf_type))
+                sd[name] = GGUFWeight(torch.from_numpy(blocks), gguf_type, w.shape[1])
+    model = LlamaForCausalLM(cfg, torch.bfloat16, max_positions=64, quantization=None if gguf_type is None else "gguf")
     model.load_weights(sd)
     return model
+
+
+def decode_steps(tokens: list[int], block_table: torch.Tensor):
+    """(token, position, slot, positions, metadata) of one sequence decoding tokens over block_table."""
+    for pos, token in enumerate(tokens):
+        slot = block_table[0, pos // BLOCK_SIZE].item() * BLOCK_SIZE + pos % BLOCK_SIZE
+        positions = torch.tensor([pos])
+        yield token, pos, slot, positions, AttentionMetadata(torch.tensor([slot]), 1, block_table, None, positions + 1, [])
 
 
 @pytest.mark.parametrize("bias,cache_dtype", [(False, "auto"), (True, "auto"), (False, "int8")])
@@ -48,10 +66,7 @@ def test_decode_runner_matches_op_by_op_path(bias, cache_dtype):
     expected_caches = [c.clone() for c in caches]
     tokens = torch.randint(0, cfg.vocab_size, (13,), generator=torch.Generator().manual_seed(2)).tolist()
     with torch.inference_mode():
-        for pos, token in enumerate(tokens):
-            slot = block_table[0, pos // BLOCK_SIZE].item() * BLOCK_SIZE + pos % BLOCK_SIZE
-            positions = torch.tensor([pos])
-            meta = AttentionMetadata(torch.tensor([slot]), 1, block_table, None, positions + 1, [])
+        for token, pos, slot, positions, meta in decode_steps(tokens, block_table):
             x = F.embedding(torch.tensor([token]), model.embed_tokens).float()
             expected = model._forward_fused(x, positions, expected_caches, meta)
             got = runner.forward(token, pos, slot, block_table, caches)
@@ -67,6 +82,28 @@ def test_decode_runner_matches_op_by_op_path(bias, cache_dtype):
         assert all(c.abs().sum() > 0 for c in caches)
     for c, e in zip(caches, expected_caches):
         torch.testing.assert_close(c.float(), e.float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("gguf_type", [2, 3, 8], ids=["Q4_0", "Q4_1", "Q8_0"])
+def test_decode_runner_on_gguf_blocks_matches_op_by_op_path(gguf_type):
+    """GGUF matrices with inputs rounded to 8 bits: Q4_0 / Q4_1 of 64 columns run repacked (q4_packed.h),
+    down_proj's 96 columns and Q8_0 as stored; the op-by-op path's linear_gguf rounds the same way."""
+    model = random_model(False, gguf_type)
+    runner = model._decode_runner
+    assert runner is not None and model.layers[0].qkv_proj.quantized.int8_inputs
+    cfg = model.config
+    block_table = torch.tensor([[3, 1, 0, 2]])
+    caches = [torch.zeros(model.kv_cache_shape(8, BLOCK_SIZE), dtype=model.kv_cache_dtype())
+              for _ in range(cfg.num_hidden_layers)]
+    expected_caches = [c.clone() for c in caches]
+    tokens = torch.randint(0, cfg.vocab_size, (9,), generator=torch.Generator().manual_seed(3)).tolist()
+    with torch.inference_mode():
+        for token, pos, slot, positions, meta in decode_steps(tokens, block_table):
+            expected = model._forward_fused(model.embedding(torch.tensor([token])).float(), positions,
+                                            expected_caches, meta)
+            got = runner.forward(token, pos, slot, block_table, caches)
+            torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(model.compute_logits(got), model.head.compute_logits(got), rtol=1e-5, atol=1e-4)
 
 
 def test_decode_runner_rejects_bad_inputs():

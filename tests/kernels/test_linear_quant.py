@@ -69,6 +69,34 @@ def test_linear_gguf_matches_dequantize_then_matmul(gguf_type, m):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=2e-4)
 
 
+def round_inputs_to_8_bits(x: torch.Tensor) -> torch.Tensor:
+    """x^ as llama.cpp rounds inputs for its quantized products: per 32 values d = max|x| / 127, d round(x / d)."""
+    b = x.reshape(x.shape[0], -1, 32)
+    d = b.abs().amax(-1, keepdim=True) / 127
+    q = torch.round(b * torch.where(d != 0, 1 / d, torch.zeros_like(d)))
+    return (q * d).reshape(x.shape)
+
+
+@needs_ops
+@pytest.mark.parametrize("m", [1, 2, 4, 5])
+@pytest.mark.parametrize("gguf_type", TYPES, ids=[GGUF_TYPE_NAMES[t] for t in TYPES])
+def test_linear_gguf_int8_inputs_multiply_the_rounded_inputs(gguf_type, m):
+    """int8_inputs: up to 4 rows are W x^ (integer dot products, exact up to fp32 sums); more rows stay fp32."""
+    n, k = 101, 512 if gguf_type == 12 else 576
+    blocks = random_blocks(gguf_type, n, k, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    x[0, :32] = 0  # an all-zero sub-block has d = 0
+    dense = dequantize_gguf_reference(blocks, gguf_type, k).double()
+    got = ops.linear_gguf(x, blocks, gguf_type, True)
+    rounded = F.linear(round_inputs_to_8_bits(x).double(), dense).float()
+    exact = F.linear(x.double(), dense).float()
+    if m <= 4:
+        torch.testing.assert_close(got, rounded, rtol=1e-5, atol=2e-4)
+        assert (got - exact).abs().max() > 1e-3  # the rounding is real
+    else:
+        torch.testing.assert_close(got, exact, rtol=1e-5, atol=2e-4)
+
+
 @needs_ops
 def test_linear_gguf_rejects_wrong_shapes():
     blocks = random_blocks(3, 4, 64, seed=0)

@@ -18,6 +18,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_and_mul", &servelab::silu_and_mul, "silu(x[:, :I]) * x[:, I:]",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("linear_gguf", &servelab::linear_gguf, "x @ w.T with w in GGUF quantized blocks, fp32 x and y",
+        pybind11::arg("x"), pybind11::arg("w"), pybind11::arg("type"), pybind11::arg("int8_inputs") = false,
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("dequantize_gguf", &servelab::dequantize_gguf, "GGUF quantized blocks (N, row bytes) to fp32 (N, K)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
@@ -37,7 +38,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<servelab::DecodeRunner>(m, "DecodeRunner", "one sequence's decode step in one call")
       .def(pybind11::init<at::Tensor, int64_t, at::Tensor, int64_t, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t,
-                          double>())
+                          double, bool>())
       .def("add_layer", &servelab::DecodeRunner::add_layer)
       .def("forward", &servelab::DecodeRunner::forward, pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("logits", &servelab::DecodeRunner::logits, pybind11::call_guard<pybind11::gil_scoped_release>());

@@ -19,6 +19,7 @@
 #include "gemv.h"
 #include "kv_cache.h"
 #include "ops.h"
+#include "q4_packed.h"
 #include "quant_blocks.h"
 #include "rowops.h"
 
@@ -42,8 +43,10 @@ at::Tensor packed(const at::Tensor& w) {
   return out;
 }
 
-// A matrix as the runner streams it: bf16 packed (gemv.h) or GGUF blocks as stored.
-at::Tensor prepared(const at::Tensor& w, int64_t type, int64_t rows, int64_t cols, const char* name) {
+// A matrix as the runner streams it: bf16 packed (gemv.h), Q4_0 / Q4_1 repacked for inputs rounded to
+// 8 bits (q4_packed.h; its type becomes q4_packed::TYPE), or GGUF blocks as stored.
+at::Tensor prepared(const at::Tensor& w, int64_t& type, int64_t rows, int64_t cols, const char* name,
+                    bool int8_inputs) {
   if (type == DecodeRunner::BF16) {
     check_weight(w, rows, cols, name);
     return packed(w);
@@ -51,27 +54,44 @@ at::Tensor prepared(const at::Tensor& w, int64_t type, int64_t rows, int64_t col
   TORCH_CHECK(quant::supported(type) && cols % quant::block_values(type) == 0 && w.scalar_type() == at::kByte &&
                   w.is_contiguous() && w.dim() == 2 && w.size(0) == rows && w.size(1) == quant::row_bytes(type, cols),
               "DecodeRunner: ", name, " must be bf16 or contiguous GGUF blocks (", rows, ", row bytes) of a supported type");
-  return w;
+  if (!int8_inputs || !q4_packed::suits(type, cols)) return w;
+  auto out = at::empty({rows, q4_packed::row_bytes(cols)}, w.options());
+  q4_packed::pack(type, w.data_ptr<uint8_t>(), rows, cols, out.data_ptr<uint8_t>());
+  type = q4_packed::TYPE;
+  return out;
 }
 
-// Per-thread buffers for one GEMV input: its even/odd split (bf16) or its sub-block sums (GGUF).
+// Per-thread buffers for one GEMV input: its even/odd split (bf16), its sub-block sums (GGUF), or
+// its values rounded to 8 bits (GGUF with int8 inputs).
 struct GemvInput {
-  std::vector<float> even, odd, sums;
-  explicit GemvInput(int64_t widest) : even(widest / 2), odd(widest / 2), sums(widest / quant::SUB) {}
+  std::vector<float> even, odd, sums, d, s;
+  std::vector<int8_t> q;
+  explicit GemvInput(int64_t widest)
+      : even(widest / 2), odd(widest / 2), sums(widest / quant::SUB), d(widest / quant::SUB),
+        s(widest / quant::SUB), q(widest) {}
 };
 
 // y[n] = w[n] . x for rows [begin, end) (multiples of gemv::PACK) of a prepared matrix of K columns.
 void gemv_rows(const at::Tensor& w, int64_t type, const float* x, int64_t K, float* y, int64_t begin, int64_t end,
-               GemvInput& in) {
+               GemvInput& in, bool int8_inputs) {
   if (type == DecodeRunner::BF16) {
     gemv::split_even_odd(x, K, in.even.data(), in.odd.data());
     gemv::packed_rows(in.even.data(), in.odd.data(), bf16_bits(w), K, y, begin, end);
     return;
   }
+  float* ys[1] = {y};
+  if (int8_inputs) {
+    quant::quantize_input(x, K, in.q.data(), in.d.data(), in.s.data());
+    const quant::Q8Input xs[1] = {{in.q.data(), in.d.data(), in.s.data()}};
+    if (type == q4_packed::TYPE)
+      q4_packed::rows(w.data_ptr<uint8_t>(), K, xs[0], y, begin, end);
+    else
+      quant::int8_rows<1>(type, w.data_ptr<uint8_t>(), K, xs, ys, begin, end);
+    return;
+  }
   quant::subblock_sums(x, K, in.sums.data());
   const float* xs[1] = {x};
   const float* ss[1] = {in.sums.data()};
-  float* ys[1] = {y};
   quant::rows<1>(type, w.data_ptr<uint8_t>(), K, xs, ss, ys, begin, end);
 }
 
@@ -91,20 +111,20 @@ void add_and_norm(float* residual, const float* x, const float* w, double eps, i
 
 DecodeRunner::DecodeRunner(at::Tensor embed, int64_t embed_type, at::Tensor lm_head, int64_t lm_head_type,
                            at::Tensor final_norm, at::Tensor cos, at::Tensor sin, int64_t num_heads,
-                           int64_t num_kv_heads, double eps)
+                           int64_t num_kv_heads, double eps, bool int8_inputs)
     : embed_(std::move(embed)), final_norm_(std::move(final_norm)), cos_(std::move(cos)), sin_(std::move(sin)),
       embed_type_(embed_type), lm_head_type_(lm_head_type), num_heads_(num_heads), num_kv_heads_(num_kv_heads),
-      eps_(eps) {
+      eps_(eps), int8_inputs_(int8_inputs) {
   hidden_ = final_norm_.numel();
   head_dim_ = cos_.size(1);
   if (embed_type_ == BF16) {
     TORCH_CHECK(embed_.scalar_type() == at::kBFloat16 && embed_.is_contiguous() && embed_.size(1) == hidden_,
                 "DecodeRunner: bf16 embeddings");
   } else {
-    embed_ = prepared(embed_, embed_type_, embed_.size(0), hidden_, "embed_tokens");
+    embed_ = prepared(embed_, embed_type_, embed_.size(0), hidden_, "embed_tokens", false);  // read as stored
   }
   TORCH_CHECK(hidden_ % 16 == 0 && head_dim_ % 8 == 0 && num_heads % num_kv_heads == 0, "DecodeRunner: shapes");
-  lm_head_ = prepared(lm_head, lm_head_type_, lm_head.size(0), hidden_, "lm_head");
+  lm_head_ = prepared(lm_head, lm_head_type_, lm_head.size(0), hidden_, "lm_head", int8_inputs_);
   check_vector(final_norm_, hidden_, "final_norm");
   TORCH_CHECK(cos_.scalar_type() == at::kFloat && sin_.scalar_type() == at::kFloat && cos_.is_contiguous() &&
                   sin_.is_contiguous() && sin_.sizes() == cos_.sizes(), "DecodeRunner: fp32 cos, sin");
@@ -122,10 +142,14 @@ void DecodeRunner::add_layer(at::Tensor input_norm, at::Tensor qkv, c10::optiona
   if (qkv_bias.has_value()) check_vector(*qkv_bias, qkv_rows, "qkv_bias");
   if (!layers_.empty()) TORCH_CHECK(inter == layers_[0].gate_up.size(0) / 2, "DecodeRunner: layers differ");
   TORCH_CHECK(inter % gemv::PACK == 0, "DecodeRunner: intermediate size must be a multiple of ", gemv::PACK);
-  layers_.push_back({std::move(input_norm), prepared(qkv, types[0], qkv_rows, hidden_, "qkv_proj"),
-                     qkv_bias.value_or(at::Tensor()), prepared(o, types[1], hidden_, q_size, "o_proj"),
-                     std::move(post_norm), prepared(gate_up, types[2], 2 * inter, hidden_, "gate_up_proj"),
-                     prepared(down, types[3], hidden_, inter, "down_proj"), types[0], types[1], types[2], types[3]});
+  int64_t qkv_type = types[0], o_type = types[1], gate_up_type = types[2], down_type = types[3];
+  auto qkv_w = prepared(qkv, qkv_type, qkv_rows, hidden_, "qkv_proj", int8_inputs_);
+  auto o_w = prepared(o, o_type, hidden_, q_size, "o_proj", int8_inputs_);
+  auto gate_up_w = prepared(gate_up, gate_up_type, 2 * inter, hidden_, "gate_up_proj", int8_inputs_);
+  auto down_w = prepared(down, down_type, hidden_, inter, "down_proj", int8_inputs_);
+  layers_.push_back({std::move(input_norm), std::move(qkv_w), qkv_bias.value_or(at::Tensor()), std::move(o_w),
+                     std::move(post_norm), std::move(gate_up_w), std::move(down_w), qkv_type, o_type, gate_up_type,
+                     down_type});
 }
 
 at::Tensor DecodeRunner::forward(int64_t token, int64_t position, int64_t slot, const at::Tensor& block_table,
@@ -181,7 +205,7 @@ at::Tensor DecodeRunner::forward(int64_t token, int64_t position, int64_t slot, 
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& layer = layers_[l];
       add_and_norm(residual.data(), down.data(), layer.input_norm.data_ptr<float>(), eps_, H, normed.data());
-      gemv_rows(layer.qkv, layer.qkv_type, normed.data(), H, qkv.data(), qkv_b, qkv_e, in);
+      gemv_rows(layer.qkv, layer.qkv_type, normed.data(), H, qkv.data(), qkv_b, qkv_e, in, int8_inputs_);
       if (layer.qkv_bias.defined()) {
         const float* b = layer.qkv_bias.data_ptr<float>();
         for (int64_t n = qkv_b; n < qkv_e; ++n) qkv[n] += b[n];
@@ -208,15 +232,16 @@ at::Tensor DecodeRunner::forward(int64_t token, int64_t position, int64_t slot, 
         attend(kv_data<at::BFloat16>(kv_caches[l]), kv_rows);
       }
 #pragma omp barrier
-      gemv_rows(layer.o, layer.o_type, attn.data(), q_size, o.data(), h_b, h_e, in);
+      gemv_rows(layer.o, layer.o_type, attn.data(), q_size, o.data(), h_b, h_e, in, int8_inputs_);
 #pragma omp barrier
       add_and_norm(residual.data(), o.data(), layer.post_norm.data_ptr<float>(), eps_, H, normed.data());
       // This thread's gate rows and the matching up rows, so it can apply silu(gate) * up itself.
-      gemv_rows(layer.gate_up, layer.gate_up_type, normed.data(), H, act.data(), i_b, i_e, in);
-      gemv_rows(layer.gate_up, layer.gate_up_type, normed.data(), H, up.data(), inter + i_b, inter + i_e, in);
+      gemv_rows(layer.gate_up, layer.gate_up_type, normed.data(), H, act.data(), i_b, i_e, in, int8_inputs_);
+      gemv_rows(layer.gate_up, layer.gate_up_type, normed.data(), H, up.data(), inter + i_b, inter + i_e, in,
+                int8_inputs_);
       rowops::silu_mul(act.data() + i_b, up.data() + inter + i_b, i_e - i_b);
 #pragma omp barrier
-      gemv_rows(layer.down, layer.down_type, act.data(), inter, down.data(), h_b, h_e, in);
+      gemv_rows(layer.down, layer.down_type, act.data(), inter, down.data(), h_b, h_e, in, int8_inputs_);
 #pragma omp barrier
     }
     if (t == 0) add_and_norm(residual.data(), down.data(), final_norm_.data_ptr<float>(), eps_, H, out.data_ptr<float>());
@@ -236,7 +261,8 @@ at::Tensor DecodeRunner::logits(const at::Tensor& hidden) {
     int64_t begin, end;
     GemvInput in(hidden_);
     gemv::packed_slab(vocab, omp_get_thread_num(), omp_get_num_threads(), begin, end);
-    gemv_rows(lm_head_, lm_head_type_, x.data_ptr<float>(), hidden_, out.data_ptr<float>(), begin, end, in);
+    gemv_rows(lm_head_, lm_head_type_, x.data_ptr<float>(), hidden_, out.data_ptr<float>(), begin, end, in,
+              int8_inputs_);
   }
   return out;
 }

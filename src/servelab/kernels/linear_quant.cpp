@@ -65,6 +65,27 @@ void few_rows(int64_t type, const uint8_t* w, const float* x, int64_t M, int64_t
   });
 }
 
+// few_rows() with each row of x rounded to 8 bits per sub-block first (quant_blocks.h's Q8Input).
+void few_rows_int8(int64_t type, const uint8_t* w, const float* x, int64_t M, int64_t K, int64_t N, float* y) {
+  const int64_t num_sub = K / quant::SUB;
+  std::vector<int8_t> q(M * K);
+  std::vector<float> d(M * num_sub), s(M * num_sub);
+  quant::Q8Input xs[FEW_ROWS];
+  float* ys[FEW_ROWS];
+  for (int64_t i = 0; i < M; ++i) {
+    quant::quantize_input(x + i * K, K, q.data() + i * K, d.data() + i * num_sub, s.data() + i * num_sub);
+    xs[i] = {q.data() + i * K, d.data() + i * num_sub, s.data() + i * num_sub}, ys[i] = y + i * N;
+  }
+  at::parallel_for(0, N, 16, [&](int64_t b, int64_t e) {
+    switch (M) {
+      case 1: quant::int8_rows<1>(type, w, K, xs, ys, b, e); break;
+      case 2: quant::int8_rows<2>(type, w, K, xs, ys, b, e); break;
+      case 3: quant::int8_rows<3>(type, w, K, xs, ys, b, e); break;
+      default: quant::int8_rows<4>(type, w, K, xs, ys, b, e); break;
+    }
+  });
+}
+
 void tiled(int64_t type, const uint8_t* w, const float* x, int64_t M, int64_t K, int64_t N, float* y) {
   const int64_t num_tiles = (N + N_TILE - 1) / N_TILE;
   at::parallel_for(0, num_tiles, 1, [&](int64_t t_begin, int64_t t_end) {
@@ -93,7 +114,7 @@ void check_blocks(const at::Tensor& w, int64_t type, int64_t K) {
 
 }  // namespace
 
-at::Tensor linear_gguf(const at::Tensor& x_in, const at::Tensor& w, int64_t type) {
+at::Tensor linear_gguf(const at::Tensor& x_in, const at::Tensor& w, int64_t type, bool int8_inputs) {
   TORCH_CHECK(x_in.dim() == 2, "linear_gguf: x must be (M, K)");
   auto x = x_in.to(at::kFloat).contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
@@ -101,7 +122,9 @@ at::Tensor linear_gguf(const at::Tensor& x_in, const at::Tensor& w, int64_t type
   auto y = at::empty({M, N}, x.options());
   if (M == 0) return y;
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  if (M <= FEW_ROWS)
+  if (M <= FEW_ROWS && int8_inputs)
+    few_rows_int8(type, wp, x.data_ptr<float>(), M, K, N, y.data_ptr<float>());
+  else if (M <= FEW_ROWS)
     few_rows(type, wp, x.data_ptr<float>(), M, K, N, y.data_ptr<float>());
   else
     tiled(type, wp, x.data_ptr<float>(), M, K, N, y.data_ptr<float>());

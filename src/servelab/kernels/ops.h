@@ -20,7 +20,9 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& kv_cache, co
                              const at::Tensor& block_tables, int64_t num_heads);
 at::Tensor silu_and_mul(const at::Tensor& x);
 // x (M, K) fp32 @ W.T with W (N, row bytes) uint8 in GGUF blocks of ggml type `type` (linear_quant.cpp).
-at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& w, int64_t type);
+// int8_inputs: up to 4 rows of x (memory-bound steps) are rounded to 8 bits per 32 values first, as
+// llama.cpp does (quant_blocks.h's Q8Input), and multiplied in integers; more rows run in fp32.
+at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& w, int64_t type, bool int8_inputs);
 at::Tensor dequantize_gguf(const at::Tensor& w, int64_t type, int64_t K);
 // W8A8 around torch._int_mm (int8_rows.cpp): x (M, K) fp32, times inv_smooth (K,) if given, to int8 rows
 // with one scale each ({q (M, K) int8, scales (M, 1) fp32}); acc (M, N) int32 * row_scales * col_scales -> fp32.
@@ -46,8 +48,9 @@ class DecodeRunner {
  public:
   static constexpr int64_t BF16 = 30;  // ggml's id; the other weight types are quant_blocks.h's
   // embed, lm_head: (vocab, hidden) of their types; final_norm: fp32; cos, sin: (max_positions, head_dim) fp32.
+  // int8_inputs: GGUF matrices multiply inputs rounded to 8 bits (linear_gguf's int8_inputs).
   DecodeRunner(at::Tensor embed, int64_t embed_type, at::Tensor lm_head, int64_t lm_head_type, at::Tensor final_norm,
-               at::Tensor cos, at::Tensor sin, int64_t num_heads, int64_t num_kv_heads, double eps);
+               at::Tensor cos, at::Tensor sin, int64_t num_heads, int64_t num_kv_heads, double eps, bool int8_inputs);
   // Norms and bias fp32; matrices with q|k|v and gate|up fused, as the model stores them; types: of
   // qkv, o, gate_up, down.
   void add_layer(at::Tensor input_norm, at::Tensor qkv, c10::optional<at::Tensor> qkv_bias, at::Tensor o,
@@ -67,6 +70,7 @@ class DecodeRunner {
   int64_t embed_type_, lm_head_type_;
   int64_t num_heads_, num_kv_heads_, hidden_, head_dim_;
   double eps_;
+  bool int8_inputs_;
   std::vector<Layer> layers_;
 };
 

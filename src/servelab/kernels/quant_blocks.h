@@ -137,6 +137,115 @@ inline void rows(int64_t type, const uint8_t* w, int64_t K, const float* const* 
   }
 }
 
+// ---- Inputs rounded to 8 bits, as llama.cpp rounds them for its quantized dot products (Q8_1):
+// per sub-block of 32 values d = max|x| / 127, q = round(x / d) (to nearest even), s = d sum(q), so
+// x^ = d q. A row's product with x^ is then sum over sub-blocks of a d (q_w . q_x) + b s, where
+// q_w . q_x is an integer dot product of 32 bytes (vpmaddubsw + vpmaddwd): a quarter of the
+// instructions of widening every weight to fp32, which is what bounds a one-row product (rows()).
+struct Q8Input {
+  const int8_t* q;  // K values
+  const float* d;   // K / 32 scales
+  const float* s;   // K / 32 sums d sum(q)
+};
+
+// x (K fp32, K % 32 == 0) -> q, d, s as above.
+inline void quantize_input(const float* x, int64_t K, int8_t* q, float* d, float* s) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes the packs' lane interleave
+  for (int64_t b = 0; b < K / SUB; ++b) {
+    __m256 v[4], amax = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(x + b * SUB + 8 * j);
+      amax = _mm256_max_ps(amax, _mm256_and_ps(v[j], abs_mask));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float db = _mm_cvtss_f32(m) / 127.f, inv = db != 0.f ? 1.f / db : 0.f;
+    __m256i qi[4];
+    for (int j = 0; j < 4; ++j) qi[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(inv)));
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * SUB), _mm256_permutevar8x32_epi32(packed, order));
+    const __m256i total = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t = _mm_add_epi32(t, _mm_srli_si128(t, 8));
+    t = _mm_add_epi32(t, _mm_srli_si128(t, 4));
+    d[b] = db;
+    s[b] = db * static_cast<float>(_mm_cvtsi128_si32(t));
+  }
+}
+
+// Sub-block s of a row as 32 bytes in value order (unsigned nibbles; signed for Q8_0), with a and b.
+template <int64_t type>
+inline __m256i int_sub_block(const uint8_t* row, int64_t s, float& a, float& b) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  if constexpr (type == Q8_0) {
+    const uint8_t* blk = row + s * 34;
+    a = fp16(blk), b = 0.f;
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  } else if constexpr (type == Q4_K) {
+    const uint8_t* blk = row + (s / 8) * 144;
+    const int j = static_cast<int>(s % 8);
+    int sc, m;
+    scale_min_k4(j, blk + 4, sc, m);
+    a = fp16(blk) * sc, b = -fp16(blk + 2) * m;
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + (j / 2) * 32));
+    if (j % 2) v = _mm256_srli_epi16(v, 4);
+    return _mm256_and_si256(v, low4);
+  } else {
+    const uint8_t* blk = row + s * block_bytes(type);
+    a = fp16(blk), b = type == Q4_1 ? fp16(blk + 2) : -8.f * a;
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (type == Q4_1 ? 4 : 2)));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);  // values 0-15, then 16-31
+  }
+}
+
+// The 32-byte dot product q_w . q_x as 8 fp32 partial sums (exact: each pair sum fits int16).
+template <int64_t type>
+inline __m256 int_dot(__m256i w, const int8_t* xq) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  const __m256i pairs = type == Q8_0 ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+                                     : _mm256_maddubs_epi16(w, x);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+// rows() against inputs rounded to 8 bits: y[i][n] = row n . x^[i]. Sub-blocks alternate between
+// two sets of accumulators, so that one row's sums are two dependency chains.
+template <int64_t type, int mb>
+inline void int8_rows(const uint8_t* w, int64_t K, const Q8Input* x, float* const* y, int64_t n_begin,
+                      int64_t n_end) {
+  const int64_t stride = row_bytes(type, K), num_sub = K / SUB;
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const uint8_t* row = w + n * stride;
+    __m256 acc[2][mb];
+    float offset[2][mb];
+    for (int p = 0; p < 2; ++p)
+      for (int i = 0; i < mb; ++i) acc[p][i] = _mm256_setzero_ps(), offset[p][i] = 0.f;
+    for (int64_t s = 0; s < num_sub; ++s) {
+      if (s % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(row) + (s + 16) * stride / num_sub, _MM_HINT_T0);
+      const int p = static_cast<int>(s & 1);
+      float a, b;
+      const __m256i q = int_sub_block<type>(row, s, a, b);
+      for (int i = 0; i < mb; ++i) {
+        acc[p][i] = _mm256_fmadd_ps(_mm256_set1_ps(a * x[i].d[s]), int_dot<type>(q, x[i].q + s * SUB), acc[p][i]);
+        if constexpr (type != Q8_0) offset[p][i] += b * x[i].s[s];
+      }
+    }
+    for (int i = 0; i < mb; ++i) y[i][n] = hsum(_mm256_add_ps(acc[0][i], acc[1][i])) + offset[0][i] + offset[1][i];
+  }
+}
+
+template <int mb>
+inline void int8_rows(int64_t type, const uint8_t* w, int64_t K, const Q8Input* x, float* const* y, int64_t n_begin,
+                      int64_t n_end) {
+  switch (type) {
+    case Q4_0: return int8_rows<Q4_0, mb>(w, K, x, y, n_begin, n_end);
+    case Q4_1: return int8_rows<Q4_1, mb>(w, K, x, y, n_begin, n_end);
+    case Q8_0: return int8_rows<Q8_0, mb>(w, K, x, y, n_begin, n_end);
+    default: return int8_rows<Q4_K, mb>(w, K, x, y, n_begin, n_end);
+  }
+}
+
 // Rows [n_begin, n_end) of W as fp32, (n_end - n_begin, K) row-major into out.
 inline void dequantize_rows(int64_t type, const uint8_t* w, int64_t K, int64_t n_begin, int64_t n_end, float* out) {
   const int64_t stride = row_bytes(type, K);

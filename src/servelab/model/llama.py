@@ -316,6 +316,9 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"unexpected weights in checkpoint: {leftover[:5]}")
         if self.config.tie_word_embeddings:
             self.head.tie_quantized(self.embedding)
+        for module in (self.embedding, *self.linear_layers()):
+            if isinstance(module.quantized, GGUFWeight):
+                module.quantized.int8_inputs = self.dtype != torch.float32
         if self.ops is not None:
             self._fused_norms = [(lay.input_norm.float(), lay.post_attention_norm.float()) for lay in self.layers]
             self._final_norm = self.norm.float()
@@ -334,7 +337,8 @@ class LlamaForCausalLM(nn.Module):
             return None
         runner = self.ops.DecodeRunner(*_runner_matrix(self.embedding), *_runner_matrix(self.head), self._final_norm,
                                        self.rope.cos, self.rope.sin, cfg.num_attention_heads,
-                                       cfg.num_key_value_heads, cfg.rms_norm_eps)
+                                       cfg.num_key_value_heads, cfg.rms_norm_eps,
+                                       self.dtype != torch.float32)
         for layer, (input_norm, post_norm) in zip(self.layers, self._fused_norms):
             bias = None if layer.qkv_proj.bias is None else layer.qkv_proj.bias.float()
             (qkv, qkv_type), (o, o_type), (gate_up, gate_up_type), (down, down_type) = (

@@ -56,10 +56,14 @@ def dequantize_gguf_reference(blocks: torch.Tensor, gguf_type: int, num_columns:
 
 @dataclass
 class GGUFWeight:
-    """A (num_rows, num_columns) matrix as the GGUF file stores it: num_rows rows of blocks."""
+    """A (num_rows, num_columns) matrix as the GGUF file stores it: num_rows rows of blocks.
+
+    int8_inputs: products of up to 4 rows (decode steps) round their inputs to 8 bits per 32 values
+    and multiply in integers, as llama.cpp does; set for every dtype but float32, which stays exact."""
     blocks: torch.Tensor  # (num_rows, row bytes) uint8
     gguf_type: int
     num_columns: int
+    int8_inputs: bool = False
 
     def __post_init__(self) -> None:
         if self.gguf_type not in GGUF_BLOCKS:
@@ -104,7 +108,7 @@ class GGUFWeight:
         if ops is None:
             y = F.linear(flat, dequantize_gguf_reference(self.blocks, self.gguf_type, self.num_columns))
         else:
-            y = ops.linear_gguf(flat, self.blocks, self.gguf_type)
+            y = ops.linear_gguf(flat, self.blocks, self.gguf_type, self.int8_inputs)
         return y.view(*x.shape[:-1], self.blocks.shape[0])
 
 
