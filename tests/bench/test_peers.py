@@ -214,3 +214,42 @@ def test_servelab_offline_loops_drive_a_real_engine_to_the_end():
     assert servelab_decode(engine, num_tokens=5, num_iters=2, prompt_token_id=2) > 0
     state = engine.get_state()
     assert state.num_running == state.num_waiting == 0 and state.num_free_blocks == state.num_blocks == 64
+
+
+@pytest.mark.slow
+def test_servelab_decodes_a_given_gguf_file_for_the_same_weights_row(tmp_path):
+    """The row beside each llama-bench GGUF: servelab loads that file with --quantization gguf (here a Q8_0
+    copy written with gguf-py, as llama-quantize writes llama.cpp's) and reports its stored size."""
+    import types
+
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+    from gguf.quants import dequantize, quantize
+
+    from servelab.bench.peers.runs import run_servelab_gguf_decode
+    from servelab.bench.peers.workloads import Workloads
+    from servelab.model.loader import default_gguf_path
+
+    reader, out = GGUFReader(default_gguf_path()), tmp_path / "model.Q8_0.gguf"
+    writer = GGUFWriter(out, "llama")
+    for field in reader.fields.values():
+        if not field.name.startswith("GGUF.") and field.name != "general.architecture":
+            writer.add_key_value(field.name, field.contents(), field.types[0], field.types[-1] if
+                                 field.types[0] == field.types[0].ARRAY else None)
+    for t in reader.tensors:
+        data = np.asarray(t.data)
+        if t.tensor_type == GGMLQuantizationType.Q4_1:
+            data = quantize(dequantize(data, t.tensor_type), GGMLQuantizationType.Q8_0)
+            writer.add_tensor(t.name, data, raw_dtype=GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    work = Workloads([], [], [], 4, {"decode": "decode batch 1 (tg4)"})
+    row = run_servelab_gguf_decode(types.SimpleNamespace(threads=None, quick=True), work, out, "Q8_0")
+    assert row["config"].endswith("--quantization gguf, Q8_0 GGUF") and row["output_throughput"] > 0
+    tensors = GGUFReader(out).tensors  # the blocks as stored; the float32 norms held in bf16
+    assert row["weight_bytes"] == sum(int(t.n_bytes) if t.tensor_type != GGMLQuantizationType.F32
+                                      else int(t.n_elements) * 2 for t in tensors)

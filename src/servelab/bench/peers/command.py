@@ -113,7 +113,8 @@ def add_roofline_shares(runs: list[dict], bandwidth_gbs: float) -> None:
 def run(args: argparse.Namespace) -> int:
     from servelab.bench.datasets import load_tokenizer
     from servelab.bench.peers.report import cpu_summary, table_rows, write_peers
-    from servelab.bench.peers.runs import run_hf, run_llama_cpp, run_servelab_offline, run_servelab_online
+    from servelab.bench.peers.runs import (run_hf, run_llama_cpp, run_servelab_gguf_decode, run_servelab_offline,
+                                           run_servelab_online)
     from servelab.bench.results import markdown_table
     from servelab.bench.peers.roofline import linear_shapes, measure_roofline
     from servelab.model.loader import DEFAULT_MODEL, resolve_model_path
@@ -144,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
             for quantization, kv_cache_dtype in quantizations:
                 runs += run_servelab_online(args, work, tokenizer, Path(log_dir), quantization, kv_cache_dtype)
                 runs += run_servelab_offline(args, work, quantization, kv_cache_dtype)
+            for gguf_type, gguf in llama_info.get("ggufs", {}).items():  # llama.cpp's copies, same weights
+                if ("gguf", "auto") in quantizations and gguf_type != "Q4_1":
+                    runs.append(run_servelab_gguf_decode(args, work, Path(gguf), gguf_type))
     if "hf" in peers:
         runs += run_hf(work, tokenizer)
     order = ("burst", "poisson", "offline", "decode")

@@ -141,11 +141,28 @@ def run_servelab_offline(args, work: Workloads, quantization: str | None, kv_cac
                / elapsed, "duration": elapsed, "completed": len(work.offline), "failed": 0, "dtype": str(dtype)}
     tps = servelab_decode(engine, work.decode_tokens, 1 if args.quick else 3)
     weight_bytes = engine.executor.weight_bytes  # the stored size: quantized blocks count as stored
+    on_file = ", Q4_1 GGUF" if quantization == "gguf" else ""  # the default model's file
     decode = {"workload": work.labels["decode"], "kind": "decode", "peer": "servelab", "engine": "servelab",
-              "config": f"batch 1, {dtype}", "output_throughput": tps, "weight_bytes": weight_bytes, "dtype": str(dtype)}
+              "config": f"batch 1, {dtype}{on_file}", "output_throughput": tps, "weight_bytes": weight_bytes, "dtype": str(dtype)}
     del engine
     gc.collect()
     return [offline, decode]
+
+
+def run_servelab_gguf_decode(args, work: Workloads, gguf: Path, gguf_type: str) -> dict:
+    """servelab's batch-1 decode on another GGUF file (llama.cpp's Q8_0 copy of the default model), so that
+    every llama-bench row has a servelab row on the same weights."""
+    from servelab.engine.llm_engine import LLMEngine
+    from servelab.engine_args import EngineArgs
+
+    engine = LLMEngine.from_engine_args(EngineArgs(model=str(gguf), num_threads=args.threads, quantization="gguf"))
+    tps = servelab_decode(engine, work.decode_tokens, 1 if args.quick else 3)
+    row = {"workload": work.labels["decode"], "kind": "decode", "peer": "servelab", "engine": "servelab",
+           "config": f"batch 1, {engine.config.dtype}, --quantization gguf, {gguf_type} GGUF",
+           "output_throughput": tps, "weight_bytes": engine.executor.weight_bytes, "dtype": str(engine.config.dtype)}
+    del engine
+    gc.collect()
+    return row
 
 
 def run_hf(work: Workloads, tokenizer) -> list[dict]:
