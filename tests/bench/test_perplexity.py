@@ -37,3 +37,10 @@ def test_llama_cpp_output_is_parsed(tmp_path):
     gguf.write_bytes(b"x" * 10)
     row = llama_cpp_perplexity(fake, gguf, TEXT, 512, 2)
     assert row["perplexity"] == 12.3456 and row["weight_bytes"] == 10
+
+
+def test_step_tokens_outside_the_chunk_is_refused(capsys):
+    from servelab.entrypoints.cli import main
+
+    with pytest.raises(SystemExit, match=r"--step-tokens must be between 1 and --ctx \(64\), got 0"):
+        main(["bench", "perplexity", "--ctx", "64", "--step-tokens", "0", "--precisions", "float32"])

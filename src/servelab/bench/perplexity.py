@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--llama-cpp-dir", type=Path, default=None,
                    help="folder with llama-perplexity (default: servelab bench peers' build in the cache, if any)")
     p.add_argument("--num-threads", type=int, default=None)
+    p.add_argument("--step-tokens", type=int, default=None,
+                   help="feed each chunk this many tokens per forward (default: the whole chunk in one); 4 or "
+                        "fewer scores the paths decode steps take (GGUF matrices multiply 8-bit-rounded inputs)")
     p.add_argument("--name", default="perplexity")
     p.set_defaults(func=run)
 
@@ -57,7 +60,8 @@ def chunks(token_ids: list[int], ctx: int) -> list[list[int]]:
     return [token_ids[i * ctx:(i + 1) * ctx] for i in range(len(token_ids) // ctx)]
 
 
-def servelab_perplexity(model: str | None, precision: str, text: str, ctx: int, num_threads: int | None) -> dict:
+def servelab_perplexity(model: str | None, precision: str, text: str, ctx: int, num_threads: int | None,
+                        step_tokens: int | None = None) -> dict:
     from servelab.engine.llm_engine import LLMEngine
     from servelab.engine_args import EngineArgs
 
@@ -71,11 +75,12 @@ def servelab_perplexity(model: str | None, precision: str, text: str, ctx: int, 
     total, count = 0.0, 0
     parts = chunks(token_ids, engine.max_model_len)
     for part in parts:
-        nll, n = chunk_nll(engine.executor.prompt_logits(part), part)
+        nll, n = chunk_nll(engine.executor.prompt_logits(part, step_tokens), part)
         total, count = total + nll, count + n
     return {"precision": precision, "dtype": dtype, "quantization": quantization, "kv_cache_dtype": kv_cache_dtype,
             "perplexity": math.exp(total / count),
-            "num_scored_tokens": count, "num_chunks": len(parts), "weight_bytes": engine.executor.weight_bytes}
+            "num_scored_tokens": count, "num_chunks": len(parts), "weight_bytes": engine.executor.weight_bytes,
+            "step_tokens": step_tokens or ctx}
 
 
 def llama_cpp_perplexity(binary: Path, gguf: Path, text_path: Path, ctx: int, num_threads: int) -> dict:
@@ -110,8 +115,11 @@ def run(args: argparse.Namespace) -> int:
     unknown = [p for p in precisions if p not in PRECISIONS]
     if unknown:
         raise SystemExit(f"unknown precision(s) {', '.join(unknown)}; choose from {', '.join(PRECISIONS)}")
+    if args.step_tokens is not None and not 1 <= args.step_tokens <= args.ctx:
+        raise SystemExit(f"--step-tokens must be between 1 and --ctx ({args.ctx}), got {args.step_tokens}")
     text = args.text.read_text(encoding="utf-8")
-    rows = [servelab_perplexity(args.model, p, text, args.ctx, args.num_threads) for p in precisions]
+    rows = [servelab_perplexity(args.model, p, text, args.ctx, args.num_threads, args.step_tokens)
+            for p in precisions]
     binary = _llama_perplexity_binary(args.llama_cpp_dir)
     if binary is not None:
         rows.append(llama_cpp_perplexity(binary, gguf_file(args.model), args.text, args.ctx,
@@ -126,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
               and r["vs_bf16"] > MAX_RELATIVE_GAP]
     table = [{"precision": r["precision"], "perplexity": r["perplexity"], "weight MiB": r["weight_bytes"] / 2**20,
               "vs bf16": "" if r["vs_bf16"] is None else f"{100 * r['vs_bf16']:+.2f}%"} for r in rows]
-    payload = {"text": str(args.text.name), "ctx": args.ctx, "max_relative_gap": MAX_RELATIVE_GAP, "rows": rows,
+    payload = {"text": str(args.text.name), "ctx": args.ctx, "step_tokens": args.step_tokens or args.ctx,
+               "max_relative_gap": MAX_RELATIVE_GAP, "rows": rows,
                "within_gap": not failed, "command": "servelab " + " ".join(shlex.quote(a) for a in sys.argv[1:])}
     json_path, _ = write_results(args.name, payload, table)
     print(markdown_table(table))

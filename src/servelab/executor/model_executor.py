@@ -144,18 +144,23 @@ class ModelExecutor:
                     sampled[s.request_id] = token
         return StepResult(sampled=sampled, duration=time.perf_counter() - start)
 
-    def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
-        """(len(token_ids), vocab) fp32 logits at every position of one sequence, prefilled in one
-        step over the first KV blocks (perplexity). Only for an executor with no requests running."""
+    def prompt_logits(self, token_ids: list[int], step_tokens: int | None = None) -> torch.Tensor:
+        """(len(token_ids), vocab) fp32 logits at every position of one sequence, prefilled over the
+        first KV blocks in one step, or in steps of step_tokens (perplexity of the few-row paths that
+        decode steps take). Only for an executor with no requests running."""
         num_blocks = -(-len(token_ids) // self.block_size)
         if num_blocks > self.num_blocks:
             raise ValueError(f"{len(token_ids)} tokens need {num_blocks} KV blocks; the cache has {self.num_blocks}")
-        request = ScheduledRequest("prompt-logits", list(token_ids), 0, list(range(num_blocks)), sample=False,
-                                   sampling_params=None)
-        input_ids, positions, meta = self._prepare([], [request])
-        with torch.inference_mode():
-            hidden = self.model(input_ids, positions, self.kv_caches, meta)
-            return self.model.compute_logits(hidden).float()
+        step = step_tokens or len(token_ids)
+        logits = []
+        for start in range(0, len(token_ids), step):
+            request = ScheduledRequest("prompt-logits", list(token_ids[start:start + step]), start,
+                                       list(range(num_blocks)), sample=False, sampling_params=None)
+            input_ids, positions, meta = self._prepare([], [request])
+            with torch.inference_mode():
+                hidden = self.model(input_ids, positions, self.kv_caches, meta)
+                logits.append(self.model.compute_logits(hidden).float())
+        return torch.cat(logits)
 
     def _prepare(self, decodes: list[ScheduledRequest], prefills: list[ScheduledRequest]):
         bs = self.block_size
