@@ -64,7 +64,7 @@ def test_int8_weight_linear_with_kernels_matches_plain_pytorch(m):
     x = outlier_rows(m, 64, seed=m)
     for int8 in (Int8Weight.from_float(weight), Int8Weight.from_float(weight, smooth)):
         x_q, x_scale = quantize_per_token(x if int8.inv_smooth is None else x * int8.inv_smooth)
-        expected = int8_matmul(x_q, int8.qweight_t).float()
+        expected = int8_matmul(x_q, int8.qweight).float()
         expected.mul_(x_scale).mul_(int8.scale)
         assert torch.equal(int8.linear(x), expected)
 
@@ -124,3 +124,24 @@ def test_dequant_add_norm_quantize_checks_shapes():
     with pytest.raises(RuntimeError, match="multiple of 8"):
         ops.dequant_add_rms_norm_quantize_int8(torch.zeros(2, 12, dtype=torch.int32), torch.ones(2, 1), torch.ones(12),
                                                torch.zeros(2, 12), torch.ones(12), 1e-5)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 16])
+@pytest.mark.parametrize("k", [64, 576, 1544])  # 1544: a tail of 8 past the 32-byte pieces
+def test_int8_matmul_rows_is_int_mm_bit_for_bit(m, k):
+    """The few-row kernel against torch._int_mm on the same (padded) operands, over the full value range."""
+    g = torch.Generator().manual_seed(m * k)
+    a = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
+    w = torch.randint(-128, 128, (37, k), dtype=torch.int8, generator=g)
+    a[0, :32] = 127  # the largest pair sums: 2 * 127 * 128 fits int16 only as |w| <= 128, |a| <= 127
+    w[0, :32] = -128
+    expected = torch._int_mm(torch.nn.functional.pad(a, (0, 0, 0, 17 - m)), w.t())[:m]
+    assert torch.equal(ops.int8_matmul_rows(a, w), expected)
+    assert torch.equal(int8_matmul(a, w), expected)
+
+
+def test_int8_matmul_rows_rejects_what_it_does_not_take():
+    with pytest.raises(RuntimeError, match="at most 16 rows"):
+        ops.int8_matmul_rows(torch.zeros(17, 32, dtype=torch.int8), torch.zeros(4, 32, dtype=torch.int8))
+    with pytest.raises(RuntimeError, match=r"a \(M, K\) and w \(N, K\)"):
+        ops.int8_matmul_rows(torch.zeros(2, 32, dtype=torch.int8), torch.zeros(4, 64, dtype=torch.int8))

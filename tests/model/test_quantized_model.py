@@ -78,7 +78,7 @@ def test_per_token_activation_scales():
     torch.testing.assert_close(q.float() * scale, x, atol=float(scale.max()) / 2, rtol=0)
     w = torch.randn(7, 3)
     weight = Int8Weight.from_float(w)
-    dense = weight.qweight_t.t().float() * weight.scale[:, None]
+    dense = weight.qweight.float() * weight.scale[:, None]
     torch.testing.assert_close(weight.linear(x), (q.float() * scale) @ dense.t(), rtol=1e-5, atol=1e-4)
 
 

@@ -22,6 +22,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("dequantize_gguf", &servelab::dequantize_gguf, "GGUF quantized blocks (N, row bytes) to fp32 (N, K)",
         pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("int8_matmul_rows", &servelab::int8_matmul_rows, "a (M <= 16, K) int8 @ w (N, K).T int8 -> int32",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("quantize_rows_int8", &servelab::quantize_rows_int8, "fp32 rows (times 1 / smoothing) to int8, one scale each",
         pybind11::arg("x"), pybind11::arg("inv_smooth") = pybind11::none(),
         pybind11::call_guard<pybind11::gil_scoped_release>());

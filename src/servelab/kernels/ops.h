@@ -26,6 +26,9 @@ at::Tensor linear_gguf(const at::Tensor& x, const at::Tensor& w, int64_t type, b
 at::Tensor dequantize_gguf(const at::Tensor& w, int64_t type, int64_t K);
 // W8A8 around torch._int_mm (int8_rows.cpp): x (M, K) fp32, times inv_smooth (K,) if given, to int8 rows
 // with one scale each ({q (M, K) int8, scales (M, 1) fp32}); acc (M, N) int32 * row_scales * col_scales -> fp32.
+// a (M <= 16, K) int8 @ w (N, K) int8 -> (M, N) int32, as torch._int_mm(a, w.t()) gives it, for a's values in
+// [-127, 127] (int8_gemm_rows.cpp: the few rows of a decode step).
+at::Tensor int8_matmul_rows(const at::Tensor& a, const at::Tensor& w);
 std::vector<at::Tensor> quantize_rows_int8(const at::Tensor& x, const c10::optional<at::Tensor>& inv_smooth);
 at::Tensor dequantize_rows_int32(const at::Tensor& acc, const at::Tensor& row_scales, const at::Tensor& col_scales);
 // gate_up's int32 accumulators (M, 2I) -> silu(gate) * up, times inv_smooth (I,) if given, as int8 rows

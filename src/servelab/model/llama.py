@@ -174,9 +174,9 @@ class DecoderLayer(nn.Module):
         acc, a_scale = o_w.matmul_int32(attn)
         x_q, x_scale = ops.dequant_add_rms_norm_quantize_int8(acc, a_scale, o_w.scale, residual, norms[1], self.eps,
                                                               gate_up.inv_smooth)
-        h_q, h_scale = ops.silu_mul_quantize_int8(int8_matmul(x_q, gate_up.qweight_t), x_scale, gate_up.scale,
+        h_q, h_scale = ops.silu_mul_quantize_int8(int8_matmul(x_q, gate_up.qweight), x_scale, gate_up.scale,
                                                   down.inv_smooth)
-        return (int8_matmul(h_q, down.qweight_t), h_scale, down.scale), residual
+        return (int8_matmul(h_q, down.qweight), h_scale, down.scale), residual
 
     @property
     def is_w8a8(self) -> bool:

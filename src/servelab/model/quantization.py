@@ -119,7 +119,7 @@ class Int8Weight:
     With SmoothQuant's per-input-channel factors s (smooth_quant.py) the stored matrix is w * s and
     every activation row is multiplied by inv_smooth = 1 / s before it is quantized: the product is
     unchanged, and the activations' outlier channels shrink into the weights."""
-    qweight_t: torch.Tensor  # (num_columns, num_rows) int8, transposed once for _int_mm's (K, N)
+    qweight: torch.Tensor  # (num_rows, num_columns) int8: w's (N, K), as _int_mm takes transposed and int8_matmul_rows as is
     scale: torch.Tensor  # (num_rows,) fp32
     inv_smooth: torch.Tensor | None = None  # (num_columns,) fp32
 
@@ -128,16 +128,16 @@ class Int8Weight:
         w = weight.float() if smooth is None else weight.float() * smooth.float()[None, :]
         scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127
         q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-        return cls(q.t().contiguous(), scale, None if smooth is None else 1 / smooth.float())
+        return cls(q.contiguous(), scale, None if smooth is None else 1 / smooth.float())
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.qweight_t.shape[1], self.qweight_t.shape[0])
+        return tuple(self.qweight.shape)
 
     @property
     def nbytes(self) -> int:
         extra = 0 if self.inv_smooth is None else self.inv_smooth.numel() * 4
-        return self.qweight_t.numel() + self.scale.numel() * 4 + extra
+        return self.qweight.numel() + self.scale.numel() * 4 + extra
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         from servelab.kernels import cpu_ops
@@ -145,11 +145,11 @@ class Int8Weight:
         ops, flat = cpu_ops(), x.reshape(-1, x.shape[-1]).float()
         if ops is None:
             x_q, x_scale = quantize_per_token(flat if self.inv_smooth is None else flat * self.inv_smooth)
-            y = int8_matmul(x_q, self.qweight_t).float()
+            y = int8_matmul(x_q, self.qweight).float()
             y.mul_(x_scale).mul_(self.scale)
         else:
             y = self.linear_int8(*ops.quantize_rows_int8(flat, self.inv_smooth))
-        return y.view(*x.shape[:-1], self.qweight_t.shape[1])
+        return y.view(*x.shape[:-1], self.qweight.shape[0])
 
     def matmul_int32(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (M, K) fp32 quantized per row (servelab's kernel) times the int8 weight: the int32 accumulators
@@ -157,13 +157,13 @@ class Int8Weight:
         from servelab.kernels import cpu_ops
 
         x_q, x_scale = cpu_ops().quantize_rows_int8(x, self.inv_smooth)
-        return int8_matmul(x_q, self.qweight_t), x_scale
+        return int8_matmul(x_q, self.qweight), x_scale
 
     def linear_int8(self, x_q: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
         """Already-quantized rows (M, K) int8 with scales (M, 1) times the weight: fp32 (M, N)."""
         from servelab.kernels import cpu_ops
 
-        return cpu_ops().dequantize_rows_int32(int8_matmul(x_q, self.qweight_t), x_scale, self.scale)
+        return cpu_ops().dequantize_rows_int32(int8_matmul(x_q, self.qweight), x_scale, self.scale)
 
 
 def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,16 +172,22 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(x / scale).clamp_(-127, 127).to(torch.int8), scale
 
 
-# torch._int_mm wants more than 16 rows on some builds: pad small batches (a decode step of a few sequences).
+# torch._int_mm wants more than 16 rows on some builds; fewer (a decode step of a few sequences) run servelab's
+# kernel, which gives the same int32 sums, or are padded where the kernels are not built.
 INT_MM_MIN_ROWS = 17
 
 
-def int8_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """(M, K) int8 @ (K, N) int8 -> (M, N) int32."""
+def int8_matmul(a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(M, K) int8 @ weight (N, K) int8 transposed -> (M, N) int32; a's values in [-127, 127]."""
     rows = a.shape[0]
     if rows < INT_MM_MIN_ROWS:
+        from servelab.kernels import cpu_ops
+
+        ops = cpu_ops()
+        if ops is not None:
+            return ops.int8_matmul_rows(a.contiguous(), weight)
         a = F.pad(a, (0, 0, 0, INT_MM_MIN_ROWS - rows))
-    return torch._int_mm(a, b)[:rows]
+    return torch._int_mm(a, weight.t())[:rows]
 
 
 QuantizedWeight = GGUFWeight | Int8Weight
