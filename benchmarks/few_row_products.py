@@ -1,10 +1,12 @@
-"""One-row products over GGUF blocks (a decode step's memory-bound GEMV), fp32 inputs against inputs rounded
-to 8 bits (`linear_gguf(..., int8_inputs=True)`, what every dtype but float32 runs), side by side: rounds
-alternate between the two on the same matrix, and the medians are compared. The matrix (~70 M weights) is
-far larger than the caches, so the figure is what streaming it costs. Written to
-benchmarks/results/gguf_gemv.json.
+"""The products of a decode step's few rows, each against what it replaced, side by side (rounds alternate
+between the two on the same operands; medians compared). Written to benchmarks/results/few_row_products.json.
 
-    .venv/bin/python benchmarks/gguf_gemv.py [--rounds 5] [--rows 120000]
+- GGUF, one row: fp32 inputs against inputs rounded to 8 bits (`linear_gguf(..., int8_inputs=True)`, what
+  every dtype but float32 runs), on a matrix of ~70 M weights, far larger than the caches;
+- W8A8 (--quantization int8), 1-16 rows: `int8_matmul_rows` against torch._int_mm padded to its 17 rows,
+  over the default model's 30 layers of q|k|v, o, gate|up and down (106 M weights).
+
+    .venv/bin/python benchmarks/few_row_products.py [--rounds 5]
 """
 from __future__ import annotations
 
@@ -35,13 +37,45 @@ def random_blocks(gguf_type: int, rows: int, cols: int) -> torch.Tensor:
     return blocks.reshape(rows, -1)
 
 
+# The default model's (K, N) per layer: q|k|v, o, gate|up, down.
+SMOLLM2_SHAPES = ((576, 960), (576, 576), (576, 3072), (1536, 576))
+
+
+def int8_rows(ops, rounds: int, num_layers: int = 30) -> list[dict]:
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(2)
+    layers = [[torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g) for k, n in SMOLLM2_SHAPES]
+              for _ in range(num_layers)]
+    out = []
+    for m in (1, 2, 4, 8, 16):
+        xs = [torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g) for k, _ in SMOLLM2_SHAPES]
+        runs = {"int8_matmul_rows": lambda: [ops.int8_matmul_rows(x, w) for ws in layers for w, x in zip(ws, xs)],
+                "int_mm_padded": lambda: [torch._int_mm(F.pad(x, (0, 0, 0, 17 - m)), w.t())
+                                          for ws in layers for w, x in zip(ws, xs)]}
+        seconds = {name: [] for name in runs}
+        for _ in range(rounds):
+            for name, run in runs.items():
+                run()
+                start = time.perf_counter()
+                run()
+                seconds[name].append(time.perf_counter() - start)
+        row = {"rows": m, **{f"{name}_ms": 1e3 * statistics.median(s) for name, s in seconds.items()},
+               **{f"{name}_spread_ms": [1e3 * min(s), 1e3 * max(s)] for name, s in seconds.items()}}
+        row["speedup"] = row["int_mm_padded_ms"] / row["int8_matmul_rows_ms"]
+        out.append(row)
+        print(f"W8A8 {m} rows, 30 layers: int8_matmul_rows {row['int8_matmul_rows_ms']:.1f} ms, _int_mm padded "
+              f"{row['int_mm_padded_ms']:.1f} ms ({row['speedup']:.2f}x)", flush=True)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--rows", type=int, default=120_000)
     p.add_argument("--cols", type=int, default=576)
     p.add_argument("--calls", type=int, default=20, help="products timed per round")
-    p.add_argument("--out", type=Path, default=HERE / "results" / "gguf_gemv.json")
+    p.add_argument("--out", type=Path, default=HERE / "results" / "few_row_products.json")
     args = p.parse_args()
     from servelab.kernels import cpu_ops
 
@@ -72,9 +106,11 @@ def main() -> int:
         rows.append(row)
         print(f"{name}: fp32 inputs {row['fp32_inputs']['median_gbs']:.1f} GB/s, 8-bit inputs "
               f"{row['int8_inputs']['median_gbs']:.1f} GB/s ({row['speedup']:.2f}x)", flush=True)
-    payload = {"command": "python benchmarks/gguf_gemv.py " + " ".join(sys.argv[1:]),
+    w8a8 = int8_rows(ops, args.rounds)
+    payload = {"command": "python benchmarks/few_row_products.py " + " ".join(sys.argv[1:]),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": list(os.getloadavg()),
-               "num_threads": torch.get_num_threads(), "rows": args.rows, "rounds": args.rounds, "results": rows}
+               "num_threads": torch.get_num_threads(), "rows": args.rows, "rounds": args.rounds, "gguf_one_row": rows,
+               "w8a8_few_rows": w8a8}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"results: {args.out}")
