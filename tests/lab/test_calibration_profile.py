@@ -10,7 +10,8 @@ from servelab.core.plan import ScheduledRequest, StepPlan
 from servelab.errors import FieldError
 from servelab.executor.cost_model import GPU_EFFICIENCY, CostModel, CostModelExecutor
 from servelab.lab.api import DeploymentRequest, SimulateRequest, simulate
-from servelab.lab.calibrate.reference_fit import cross_validate, fit, simulate_target
+from servelab.lab.calibrate.reference_fit import (candidate_keys, cross_validate, depends, fit, simulate_target,
+                                                 start_value, with_gpu_defaults)
 from servelab.lab.calibrate.targets import Target, measurement_targets
 from servelab.lab.catalog import get_device, get_model, gpu_ids
 from servelab.lab.catalog.calibration import (BOUNDS, CalibrationProfile, calibration_names, link_kind,
@@ -191,3 +192,26 @@ def test_the_fit_recovers_constants_it_was_given_and_cross_validates_determinist
     held_out = cross_validate(targets, result, k=3, iterations=2, num_prompts=None, fixed=fixed)
     assert held_out == cross_validate(targets, result, k=3, iterations=2, num_prompts=None, fixed=fixed)
     assert all(abs(h / t.value - 1) < 0.1 for h, t in zip(held_out, targets))
+
+
+def test_each_gpu_fits_its_own_gemm_fill_each_engine_its_launches_and_both_start_from_a_global_value():
+    fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "vllm", 1, True)
+    workload = WorkloadConfig(num_prompts=4, input_len=100, output_len=4)
+    h100 = Target("h", "t", fields, workload, "median_tpot_ms", 1.0)
+    a10 = Target("a", "t", replace(fields, gpu="a10g"), workload, "median_tpot_ms", 1.0)
+    keys = candidate_keys([h100, a10])
+    assert {"gpus.h100.matmul_half_tokens", "gpus.a10g.matmul_half_tokens"} <= set(keys)
+    assert "constants.matmul_half_tokens" not in keys
+    assert "engines.vllm.layer_launch_overhead_s" in keys  # eager launches are the stack's, not the GPU's
+    assert depends("gpus.h100.matmul_half_tokens", h100) and not depends("gpus.h100.matmul_half_tokens", a10)
+    # a profile fitted when the constant was global starts every GPU's from it; none: the prior
+    assert start_value({"constants.matmul_half_tokens": 203.0}, "gpus.a10g.matmul_half_tokens") == 203.0
+    assert start_value({"gpus.a10g.matmul_half_tokens": 90.0, "constants.matmul_half_tokens": 203.0},
+                       "gpus.a10g.matmul_half_tokens") == 90.0
+    assert start_value({}, "gpus.a10g.matmul_half_tokens") == GPU_EFFICIENCY.matmul_half_tokens
+    # a GPU without data gets the fitted GPUs' geometric mean, stated per 132 SMs and scaled by its own
+    values = with_gpu_defaults({"gpus.h100.matmul_half_tokens": 50.0, "gpus.a10g.matmul_half_tokens": 200.0})
+    assert values["gpus.default.matmul_half_tokens"] == pytest.approx(100.0)
+    l4 = get_device("l4")
+    e = CalibrationProfile("t", values).efficiency(l4, "vllm")
+    assert CostModel(get_model("llama-3.1-8b"), l4, e).matmul_half_tokens == pytest.approx(100.0 * l4.compute_units / 132)

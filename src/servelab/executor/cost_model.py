@@ -128,8 +128,10 @@ def matmul_half_tokens(efficiency: Efficiency, device: DeviceSpec) -> float:
     """Rows at which a GEMM reaches half its peak share on `device`. A step's GEMMs split into output tiles
     (ceil(M / tile rows) x ceil(N / tile columns)) that run one per SM (NVIDIA) or CU (AMD) at a time, so at a
     given N the rows that fill the chip grow with its SMs/CUs: an A10's 72 SMs fill at about half the rows of
-    an H100's 132, an MI300X's 304 CUs at about 2.3 times. A measured CPU profile (no compute_units) keeps the
-    constant as fitted."""
+    an H100's 132, an MI300X's 304 CUs at about 2.3 times. The constant itself is fitted per GPU (stated for
+    132 SMs): how soon a GEMM hides its weight stream behind the math is also the chip's pipeline (Hopper's TMA
+    and warp-specialised wgmma against Ampere's cp.async stages). A measured CPU profile (no compute_units)
+    keeps the constant as fitted."""
     units = device.compute_units
     return efficiency.matmul_half_tokens * (units / REFERENCE_COMPUTE_UNITS if units else 1.0)
 

@@ -21,11 +21,18 @@ from servelab.lab.calibrate.targets import Target
 from servelab.lab.catalog.calibration import BOUNDS, CalibrationProfile, link_kind
 
 # Constants every fit may move, per scope; a scope's constants are fitted only when a training target uses it.
-GLOBAL_FIELDS = ("attention", "kv_memory", "matmul_half_tokens", "attention_half_tokens")
+GLOBAL_FIELDS = ("attention", "kv_memory", "attention_half_tokens")
 # NCCL's ring over PCIe (often through the host bridge) reaches a far smaller share of its link than over NVLink
 LINK_FIELDS = ("allreduce_latency_s", "interconnect")
-GPU_FIELDS = ("matmul", "memory")
-ENGINE_FIELDS = ("step_overhead_s", "request_overhead_s", "api_ttft_overhead_s", "api_final_overhead_s")
+# matmul_half_tokens per GPU: how many rows a GEMM needs to leave the weight-streaming regime is the chip's own,
+# not only its SM count (which the cost model scales it by): a Hopper GEMM's TMA loads and warp-specialised
+# wgmma pipelines hide the weight stream behind the math far better than Ampere's cp.async stages or CDNA's.
+GPU_FIELDS = ("matmul", "memory", "matmul_half_tokens")
+# layer_launch_overhead_s per engine: the CPU cost of launching a layer's kernels in a step no CUDA graph
+# replays (prefills, --no-cuda-graphs) is the stack's own: Python module calls and eager PyTorch dispatch in
+# vLLM and SGLang, a C++ runtime in TensorRT-LLM.
+ENGINE_FIELDS = ("step_overhead_s", "request_overhead_s", "api_ttft_overhead_s", "api_final_overhead_s",
+                 "layer_launch_overhead_s")
 PRIOR_WEIGHT = 0.05  # per unit of log-distance from the prior, against residuals of ~0.1
 MISSING = 2.0  # log-residual of a target whose deployment does not fit in memory
 # A fit stops once an iteration lowers the cost by less than this share: the rest is simulation noise.
@@ -59,6 +66,14 @@ def prior(key: str) -> float:
     low, high = BOUNDS[name]
     value = getattr(GPU_EFFICIENCY, name)
     return min(max(value, low), high) if value > 0 else math.sqrt(low * high) if high / low < 1e3 else low * 30
+
+
+def start_value(start: dict[str, float], key: str) -> float:
+    """key's value in a starting profile; else the value it inherits there from every GPU
+    (constants.<field>: a profile fitted when the field was global); else the prior."""
+    if key in start:
+        return start[key]
+    return start.get(f"constants.{key.rsplit('.', 1)[1]}", prior(key))
 
 
 def with_gpu_defaults(values: dict[str, float]) -> dict[str, float]:
@@ -118,7 +133,7 @@ def fit(targets: list[Target], start: dict[str, float] | None = None, keys: list
     metric stands still (stable_cap) at the start values; caps: those counts, already chosen."""
     keys = keys or candidate_keys(targets)
     start = start or {}
-    x = np.array([math.log(start.get(k, prior(k))) for k in keys])
+    x = np.array([math.log(start_value(start, k)) for k in keys])
     if caps is None:
         at_start = CalibrationProfile("start", {**(fixed or {}), **_values(keys, x)})
         caps = {t.id: stable_cap(t, at_start, num_prompts) for t in targets}
