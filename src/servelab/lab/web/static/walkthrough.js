@@ -22,7 +22,7 @@ window.LabWalkthrough = (() => {
   const MAX_MOVES = 5;
   // the meters each change is about, listed first whatever else moved more
   const PRIMARY = { batch: ["throughput", "ttft"], continuous: ["ttft", "kv"], tp: ["weights", "tpot", "kv"],
-    pd: ["transfer", "ttft", "throughput"] };
+    pd: ["transfer", "tpot", "ttft", "throughput"] };
   // meters that matter when they hold still: [cause, meter]
   const STEADY = [["pd", "tpot"]];
 
