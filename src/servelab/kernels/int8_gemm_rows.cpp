@@ -11,19 +11,13 @@
 #include <algorithm>
 
 #include "ops.h"
+#include "simd.h"
 
 namespace servelab {
 namespace {
 
 constexpr int64_t MAX_ROWS = 16;
 constexpr int MB = 4;  // rows of a per pass over a weight row (held in L1 meanwhile)
-
-inline int32_t hsum_epi32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_srli_si128(s, 8));
-  s = _mm_add_epi32(s, _mm_srli_si128(s, 4));
-  return _mm_cvtsi128_si32(s);
-}
 
 // out[i * N + n] = a_i . w_n for rows i in [i0, i0 + mb) of a, one weight row n.
 template <int mb>
@@ -41,7 +35,7 @@ inline void dot_rows(const int8_t* a, const int8_t* w, int64_t K, int64_t N, int
     }
   }
   for (int i = 0; i < mb; ++i) {
-    int32_t sum = hsum_epi32(acc[i]);
+    int32_t sum = simd::hsum_epi32(acc[i]);
     for (int64_t kk = k; kk < K; ++kk) sum += static_cast<int32_t>(a[(i0 + i) * K + kk]) * w[kk];
     out[(i0 + i) * N + n] = sum;
   }

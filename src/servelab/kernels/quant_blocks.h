@@ -14,7 +14,11 @@
 #include <cstdint>
 #include <cstring>
 
+#include "simd.h"
+
 namespace servelab::quant {
+
+using simd::hsum;
 
 // ggml's type ids, as the GGUF file stores them.
 constexpr int64_t Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12;
@@ -102,12 +106,6 @@ inline void subblock_sums(const float* x, int64_t K, float* sums) {
   }
 }
 
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 // y[i][n] = row n . x[i] for mb input rows (x[i] of K values, x_sums[i] their subblock_sums), rows
 // [n_begin, n_end) of W: each sub-block is widened once and used for all mb rows of x.
 template <int mb>
@@ -167,11 +165,8 @@ inline void quantize_input(const float* x, int64_t K, int8_t* q, float* d, float
     const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * SUB), _mm256_permutevar8x32_epi32(packed, order));
     const __m256i total = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
-    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-    t = _mm_add_epi32(t, _mm_srli_si128(t, 8));
-    t = _mm_add_epi32(t, _mm_srli_si128(t, 4));
     d[b] = db;
-    s[b] = db * static_cast<float>(_mm_cvtsi128_si32(t));
+    s[b] = db * static_cast<float>(simd::hsum_epi32(total));
   }
 }
 
