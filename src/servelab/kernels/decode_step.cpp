@@ -61,38 +61,56 @@ at::Tensor prepared(const at::Tensor& w, int64_t& type, int64_t rows, int64_t co
   return out;
 }
 
-// Per-thread buffers for one GEMV input: its even/odd split (bf16), its sub-block sums (GGUF), or
-// its values rounded to 8 bits (GGUF with int8 inputs).
+// One thread's GEMV input, prepared once for every matrix it multiplies: its even/odd split (bf16), its
+// sub-block sums (GGUF), or its values rounded to 8 bits (GGUF with int8 inputs).
 struct GemvInput {
   std::vector<float> even, odd, sums, d, s;
   std::vector<int8_t> q;
+  const float* x = nullptr;
+  int64_t K = 0;
   explicit GemvInput(int64_t widest)
       : even(widest / 2), odd(widest / 2), sums(widest / quant::SUB), d(widest / quant::SUB),
         s(widest / quant::SUB), q(widest) {}
+
+  // x (K values) for matrices of `type`.
+  void load(const float* x_in, int64_t K_in, int64_t type, bool int8_inputs) {
+    x = x_in, K = K_in;
+    if (type == DecodeRunner::BF16)
+      gemv::split_even_odd(x, K, even.data(), odd.data());
+    else if (int8_inputs)
+      quant::quantize_input(x, K, q.data(), d.data(), s.data());
+    else
+      quant::subblock_sums(x, K, sums.data());
+  }
 };
 
-// y[n] = w[n] . x for rows [begin, end) (multiples of gemv::PACK) of a prepared matrix of K columns.
-void gemv_rows(const at::Tensor& w, int64_t type, const float* x, int64_t K, float* y, int64_t begin, int64_t end,
-               GemvInput& in, bool int8_inputs) {
+// y[n] = w[n] . x for rows [begin, end) (multiples of gemv::PACK) of a prepared matrix, x loaded in `in`
+// for its type.
+void gemv_rows(const at::Tensor& w, int64_t type, const GemvInput& in, float* y, int64_t begin, int64_t end,
+               bool int8_inputs) {
   if (type == DecodeRunner::BF16) {
-    gemv::split_even_odd(x, K, in.even.data(), in.odd.data());
-    gemv::packed_rows(in.even.data(), in.odd.data(), bf16_bits(w), K, y, begin, end);
+    gemv::packed_rows(in.even.data(), in.odd.data(), bf16_bits(w), in.K, y, begin, end);
     return;
   }
   float* ys[1] = {y};
   if (int8_inputs) {
-    quant::quantize_input(x, K, in.q.data(), in.d.data(), in.s.data());
     const quant::Q8Input xs[1] = {{in.q.data(), in.d.data(), in.s.data()}};
     if (type == q4_packed::TYPE)
-      q4_packed::rows(w.data_ptr<uint8_t>(), K, xs[0], y, begin, end);
+      q4_packed::rows(w.data_ptr<uint8_t>(), in.K, xs[0], y, begin, end);
     else
-      quant::int8_rows<1>(type, w.data_ptr<uint8_t>(), K, xs, ys, begin, end);
+      quant::int8_rows<1>(type, w.data_ptr<uint8_t>(), in.K, xs, ys, begin, end);
     return;
   }
-  quant::subblock_sums(x, K, in.sums.data());
-  const float* xs[1] = {x};
+  const float* xs[1] = {in.x};
   const float* ss[1] = {in.sums.data()};
-  quant::rows<1>(type, w.data_ptr<uint8_t>(), K, xs, ss, ys, begin, end);
+  quant::rows<1>(type, w.data_ptr<uint8_t>(), in.K, xs, ss, ys, begin, end);
+}
+
+// in.load(x, ...) then gemv_rows: a matrix whose input no other matrix shares.
+void multiply(const at::Tensor& w, int64_t type, const float* x, int64_t K, float* y, int64_t begin, int64_t end,
+              GemvInput& in, bool int8_inputs) {
+  in.load(x, K, type, int8_inputs);
+  gemv_rows(w, type, in, y, begin, end, int8_inputs);
 }
 
 void check_vector(const at::Tensor& v, int64_t n, const char* name) {
@@ -205,7 +223,7 @@ at::Tensor DecodeRunner::forward(int64_t token, int64_t position, int64_t slot, 
     for (size_t l = 0; l < layers_.size(); ++l) {
       const Layer& layer = layers_[l];
       add_and_norm(residual.data(), down.data(), layer.input_norm.data_ptr<float>(), eps_, H, normed.data());
-      gemv_rows(layer.qkv, layer.qkv_type, normed.data(), H, qkv.data(), qkv_b, qkv_e, in, int8_inputs_);
+      multiply(layer.qkv, layer.qkv_type, normed.data(), H, qkv.data(), qkv_b, qkv_e, in, int8_inputs_);
       if (layer.qkv_bias.defined()) {
         const float* b = layer.qkv_bias.data_ptr<float>();
         for (int64_t n = qkv_b; n < qkv_e; ++n) qkv[n] += b[n];
@@ -232,16 +250,16 @@ at::Tensor DecodeRunner::forward(int64_t token, int64_t position, int64_t slot, 
         attend(kv_data<at::BFloat16>(kv_caches[l]), kv_rows);
       }
 #pragma omp barrier
-      gemv_rows(layer.o, layer.o_type, attn.data(), q_size, o.data(), h_b, h_e, in, int8_inputs_);
+      multiply(layer.o, layer.o_type, attn.data(), q_size, o.data(), h_b, h_e, in, int8_inputs_);
 #pragma omp barrier
       add_and_norm(residual.data(), o.data(), layer.post_norm.data_ptr<float>(), eps_, H, normed.data());
       // This thread's gate rows and the matching up rows, so it can apply silu(gate) * up itself.
-      gemv_rows(layer.gate_up, layer.gate_up_type, normed.data(), H, act.data(), i_b, i_e, in, int8_inputs_);
-      gemv_rows(layer.gate_up, layer.gate_up_type, normed.data(), H, up.data(), inter + i_b, inter + i_e, in,
-                int8_inputs_);
+      in.load(normed.data(), H, layer.gate_up_type, int8_inputs_);
+      gemv_rows(layer.gate_up, layer.gate_up_type, in, act.data(), i_b, i_e, int8_inputs_);
+      gemv_rows(layer.gate_up, layer.gate_up_type, in, up.data(), inter + i_b, inter + i_e, int8_inputs_);
       rowops::silu_mul(act.data() + i_b, up.data() + inter + i_b, i_e - i_b);
 #pragma omp barrier
-      gemv_rows(layer.down, layer.down_type, act.data(), inter, down.data(), h_b, h_e, in, int8_inputs_);
+      multiply(layer.down, layer.down_type, act.data(), inter, down.data(), h_b, h_e, in, int8_inputs_);
 #pragma omp barrier
     }
     if (t == 0) add_and_norm(residual.data(), down.data(), final_norm_.data_ptr<float>(), eps_, H, out.data_ptr<float>());
@@ -261,8 +279,8 @@ at::Tensor DecodeRunner::logits(const at::Tensor& hidden) {
     int64_t begin, end;
     GemvInput in(hidden_);
     gemv::packed_slab(vocab, omp_get_thread_num(), omp_get_num_threads(), begin, end);
-    gemv_rows(lm_head_, lm_head_type_, x.data_ptr<float>(), hidden_, out.data_ptr<float>(), begin, end, in,
-              int8_inputs_);
+    multiply(lm_head_, lm_head_type_, x.data_ptr<float>(), hidden_, out.data_ptr<float>(), begin, end, in,
+             int8_inputs_);
   }
   return out;
 }
