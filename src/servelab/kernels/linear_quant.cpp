@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "ops.h"
@@ -46,6 +47,17 @@ inline void row_block(const float* x, const float* tile, float* y, int64_t K, in
   for (; n < n_end; ++n) micro_tile<mb, 1>(x, tile, y, K, N, m0, n, n_begin);
 }
 
+// f(std::integral_constant<int, M>{}) for 1 <= M <= FEW_ROWS.
+template <typename F>
+void with_rows(int64_t M, F&& f) {
+  switch (M) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{}); break;
+  }
+}
+
 void few_rows(int64_t type, const uint8_t* w, const float* x, int64_t M, int64_t K, int64_t N, float* y) {
   std::vector<float> sums(M * (K / quant::SUB));
   const float* xs[FEW_ROWS];
@@ -56,12 +68,7 @@ void few_rows(int64_t type, const uint8_t* w, const float* x, int64_t M, int64_t
     xs[i] = x + i * K, ss[i] = sums.data() + i * (K / quant::SUB), ys[i] = y + i * N;
   }
   at::parallel_for(0, N, 16, [&](int64_t b, int64_t e) {
-    switch (M) {
-      case 1: quant::rows<1>(type, w, K, xs, ss, ys, b, e); break;
-      case 2: quant::rows<2>(type, w, K, xs, ss, ys, b, e); break;
-      case 3: quant::rows<3>(type, w, K, xs, ss, ys, b, e); break;
-      default: quant::rows<4>(type, w, K, xs, ss, ys, b, e); break;
-    }
+    with_rows(M, [&](auto mb) { quant::rows<decltype(mb)::value>(type, w, K, xs, ss, ys, b, e); });
   });
 }
 
@@ -77,12 +84,7 @@ void few_rows_int8(int64_t type, const uint8_t* w, const float* x, int64_t M, in
     xs[i] = {q.data() + i * K, d.data() + i * num_sub, s.data() + i * num_sub}, ys[i] = y + i * N;
   }
   at::parallel_for(0, N, 16, [&](int64_t b, int64_t e) {
-    switch (M) {
-      case 1: quant::int8_rows<1>(type, w, K, xs, ys, b, e); break;
-      case 2: quant::int8_rows<2>(type, w, K, xs, ys, b, e); break;
-      case 3: quant::int8_rows<3>(type, w, K, xs, ys, b, e); break;
-      default: quant::int8_rows<4>(type, w, K, xs, ys, b, e); break;
-    }
+    with_rows(M, [&](auto mb) { quant::int8_rows<decltype(mb)::value>(type, w, K, xs, ys, b, e); });
   });
 }
 
