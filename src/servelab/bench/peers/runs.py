@@ -124,6 +124,15 @@ def generate_offline(engine, requests: list[BenchRequest], prefix: str) -> float
     return time.perf_counter() - start
 
 
+def decode_row(args, work: Workloads, engine, config: str, dtype) -> dict:
+    """The single-stream decode row of an engine: servelab_decode's tokens/s and the stored weight bytes
+    (quantized blocks count as stored), for the roofline share."""
+    tps = servelab_decode(engine, work.decode_tokens, 1 if args.quick else 3)
+    return {"workload": work.labels["decode"], "kind": "decode", "peer": "servelab", "engine": "servelab",
+            "config": config, "output_throughput": tps, "weight_bytes": engine.executor.weight_bytes,
+            "dtype": str(dtype)}
+
+
 def run_servelab_offline(args, work: Workloads, quantization: str | None, kv_cache_dtype: str = "auto") -> list[dict]:
     from servelab.engine.llm_engine import LLMEngine
     from servelab.engine_args import EngineArgs
@@ -139,11 +148,8 @@ def run_servelab_offline(args, work: Workloads, quantization: str | None, kv_cac
     offline = {"workload": work.labels["offline"], "kind": "offline", "peer": "servelab", "engine": "servelab",
                "config": f"offline engine, {dtype}", "output_throughput": sum(r.output_len for r in work.offline)
                / elapsed, "duration": elapsed, "completed": len(work.offline), "failed": 0, "dtype": str(dtype)}
-    tps = servelab_decode(engine, work.decode_tokens, 1 if args.quick else 3)
-    weight_bytes = engine.executor.weight_bytes  # the stored size: quantized blocks count as stored
     on_file = ", Q4_1 GGUF" if quantization == "gguf" else ""  # the default model's file
-    decode = {"workload": work.labels["decode"], "kind": "decode", "peer": "servelab", "engine": "servelab",
-              "config": f"batch 1, {dtype}{on_file}", "output_throughput": tps, "weight_bytes": weight_bytes, "dtype": str(dtype)}
+    decode = decode_row(args, work, engine, f"batch 1, {dtype}{on_file}", dtype)
     del engine
     gc.collect()
     return [offline, decode]
@@ -156,10 +162,8 @@ def run_servelab_gguf_decode(args, work: Workloads, gguf: Path, gguf_type: str) 
     from servelab.engine_args import EngineArgs
 
     engine = LLMEngine.from_engine_args(EngineArgs(model=str(gguf), num_threads=args.threads, quantization="gguf"))
-    tps = servelab_decode(engine, work.decode_tokens, 1 if args.quick else 3)
-    row = {"workload": work.labels["decode"], "kind": "decode", "peer": "servelab", "engine": "servelab",
-           "config": f"batch 1, {engine.config.dtype}, --quantization gguf, {gguf_type} GGUF",
-           "output_throughput": tps, "weight_bytes": engine.executor.weight_bytes, "dtype": str(engine.config.dtype)}
+    dtype = engine.config.dtype
+    row = decode_row(args, work, engine, f"batch 1, {dtype}, --quantization gguf, {gguf_type} GGUF", dtype)
     del engine
     gc.collect()
     return row
