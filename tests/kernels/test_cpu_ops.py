@@ -113,8 +113,11 @@ def test_paged_decode_attention_matches_reference(cache_dtype, heads, kv_heads, 
     mask = (torch.arange(max_blocks * block)[None] < lens[:, None])[:, None, None, :]
     meta = AttentionMetadata(torch.zeros(0, dtype=torch.long), len(lens), tables, mask, lens, [])
     expected = decode_attention(q.view(len(lens), heads, hd), cache, meta).reshape(len(lens), -1)
-    torch.testing.assert_close(ops.paged_decode_attention(q, cache, tables, lens, heads), expected,
-                               rtol=1e-4, atol=1e-5)
+    got = ops.paged_decode_attention(q, cache, tables, lens, heads)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    # Prefetching other tensors along the way (a W8A8 layer's next matrices; odd sizes, one empty) changes nothing
+    side = [torch.randint(-127, 127, (n,), dtype=torch.int8) for n in (1000, 0, 64 * 37 + 5, 3)]
+    assert torch.equal(ops.paged_decode_attention(q, cache, tables, lens, heads, side), got)
 
 
 def test_silu_and_mul():

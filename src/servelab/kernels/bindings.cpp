@@ -11,6 +11,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_and_cache_", &servelab::rope_and_cache_, "rotate q, k in qkv (in place); write k, v to the KV cache",
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("paged_decode_attention", &servelab::paged_decode_attention, "one query token per sequence over paged KV",
+        pybind11::arg("q"), pybind11::arg("kv_cache"), pybind11::arg("block_tables"), pybind11::arg("context_lens"),
+        pybind11::arg("num_heads"), pybind11::arg("prefetch") = std::vector<at::Tensor>{},
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("prefill_attention", &servelab::prefill_attention,
         "causal attention of prefill chunks over their paged context (fp32 q rows, bf16 or fp32 cache)",

@@ -86,8 +86,10 @@ void rope_and_cache_(at::Tensor& qkv, const at::Tensor& positions, const at::Ten
 }
 
 // q: (D, H * hd) fp32 rows (any row stride); block_tables: (D, max_blocks) int64; context_lens: (D,) int64.
+// prefetch: tensors read next (the following matrices), prefetched in slices by the attention tasks.
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& context_lens, int64_t num_heads) {
+                                  const at::Tensor& context_lens, int64_t num_heads,
+                                  const std::vector<at::Tensor>& prefetch) {
   check_rows(q, "paged_decode_attention");
   const int64_t D = q.size(0), block_size = kv_cache.size(2), num_kv_heads = kv_cache.size(3), hd = kv_head_dim(kv_cache);
   const int64_t group = num_heads / num_kv_heads, max_blocks = block_tables.size(1);
@@ -97,6 +99,15 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
   const int64_t* tables = block_tables.data_ptr<int64_t>();
   const int64_t* lens = context_lens.data_ptr<int64_t>();
   const int64_t cache_half = kv_cache.numel() / 2;
+  std::vector<rowops::SidePrefetch::Region> regions;
+  int64_t side_lines = 0;
+  for (const auto& t : prefetch) {
+    TORCH_CHECK(t.is_contiguous(), "paged_decode_attention: prefetch tensors must be contiguous");
+    regions.push_back({static_cast<const char*>(t.data_ptr()), (t.nbytes() + 63) / 64});
+    side_lines += regions.back().lines;
+  }
+  // task i of n prefetches its share of the side lines
+  auto side = [&](int64_t i, int64_t n) { return rowops::SidePrefetch(&regions, side_lines * i / n, side_lines * (i + 1) / n); };
   dispatch_kv(kv_cache.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
     const scalar_t* k_cache = kv_data<scalar_t>(kv_cache);
@@ -114,7 +125,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
                                            num_kv_heads * kv_cache.size(4));
           decode_attention_heads(qp + seq * q.stride(0), k_cache, v_cache, tables + seq * max_blocks, lens[seq],
                                  block_size, num_kv_heads, hd, group, 0, num_kv_heads, scale,
-                                 op + seq * num_heads * hd, scores, rows);
+                                 op + seq * num_heads * hd, scores, rows, side(seq, D));
         }
       });
       return;
@@ -127,7 +138,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
         const int64_t seq = task / num_kv_heads, h = task % num_kv_heads;
         decode_attention_heads(qp + seq * q.stride(0), k_cache, v_cache, tables + seq * max_blocks, lens[seq],
                                block_size, num_kv_heads, hd, group, h, h + 1, scale, op + seq * num_heads * hd,
-                               scores, rows);
+                               scores, rows, side(task, D * num_kv_heads));
       }
     });
   });

@@ -11,8 +11,10 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 void add_rms_norm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& weight, double eps);
 void rope_and_cache_(at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
                      int64_t num_heads, int64_t num_kv_heads, at::Tensor& kv_cache, const at::Tensor& slot_mapping);
+// prefetch: tensors that run next (a W8A8 layer's matrices), prefetched while attention computes.
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& context_lens, int64_t num_heads);
+                                  const at::Tensor& context_lens, int64_t num_heads,
+                                  const std::vector<at::Tensor>& prefetch);
 // q (T, H * hd) fp32 rows of prefill chunks c starting at row starts[c] (num_tokens[c] rows, after
 // num_computed[c] cached tokens), block_tables (C, max_blocks): causal attention (prefill_attention.cpp).
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& starts,

@@ -179,6 +179,10 @@ inline void softmax_inplace(float* s, int64_t n) {
 
 // out_g[0..n) = sum_j w_g[j] * v_j[0..n) for NG query heads g sharing one KV head (w_g = w + g * w_stride,
 // out_g = out + g * n): each V row is read once for all NG heads, 32 values at a time in 4 * NG registers.
+// Per token the NG weights are broadcast first, then the row is widened 8 values at a time, each used by NG
+// FMAs at once: 4 * NG + NG + 1 = 16 registers for NG = 3. Holding the row's four widened vectors instead
+// needed 17, and the spilled accumulator's store-to-load round trip made every token wait on it.
+// Scaled rows (KvInt8, n = head_dim): each weight takes its V row's scale first (w * scale, one fp32 product).
 template <int NG, typename T>
 inline void weighted_sum_group(const float* w, int64_t w_stride, const T* const* v, int64_t count, float* out,
                                int64_t n) {
@@ -189,13 +193,13 @@ inline void weighted_sum_group(const float* w, int64_t w_stride, const T* const*
       for (int i = 0; i < 4; ++i) acc[g][i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < count; ++j) {
       const T* vj = v[j] + d0;
-      const __m256 v0 = load8(vj), v1 = load8(vj + 8), v2 = load8(vj + 16), v3 = load8(vj + 24);
-      for (int g = 0; g < NG; ++g) {
-        const __m256 wj = _mm256_broadcast_ss(w + g * w_stride + j);
-        acc[g][0] = _mm256_fmadd_ps(wj, v0, acc[g][0]);
-        acc[g][1] = _mm256_fmadd_ps(wj, v1, acc[g][1]);
-        acc[g][2] = _mm256_fmadd_ps(wj, v2, acc[g][2]);
-        acc[g][3] = _mm256_fmadd_ps(wj, v3, acc[g][3]);
+      __m256 wj[NG];
+      const float vs = KvRow<T>::scale(v[j], n);
+      for (int g = 0; g < NG; ++g)
+        wj[g] = KvRow<T>::scaled ? _mm256_set1_ps(w[g * w_stride + j] * vs) : _mm256_broadcast_ss(w + g * w_stride + j);
+      for (int i = 0; i < 4; ++i) {
+        const __m256 vi = load8(vj + 8 * i);
+        for (int g = 0; g < NG; ++g) acc[g][i] = _mm256_fmadd_ps(wj[g], vi, acc[g][i]);
       }
     }
     for (int g = 0; g < NG; ++g)
@@ -205,7 +209,7 @@ inline void weighted_sum_group(const float* w, int64_t w_stride, const T* const*
     for (int g = 0; g < NG; ++g) {
       __m256 acc = _mm256_setzero_ps();
       for (int64_t j = 0; j < count; ++j)
-        acc = _mm256_fmadd_ps(_mm256_broadcast_ss(w + g * w_stride + j), load8(v[j] + d0), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(w[g * w_stride + j] * KvRow<T>::scale(v[j], n)), load8(v[j] + d0), acc);
       _mm256_storeu_ps(out + g * n + d0, acc);
     }
   }
@@ -236,6 +240,39 @@ inline void for_head_triples(int64_t group, F&& f) {
   }
 }
 
+// Cache lines of other tensors (the matrices that run after attention) prefetched into this core's caches
+// while attention computes: a W8A8 decode step's GEMMs otherwise wait for their weights to stream in from
+// DRAM (at batch 64 the same GEMMs ran ~25% faster from cache). Each attention task takes one slice of
+// the lines [begin, end) of the regions laid end to end, and issues a few per step of its own work (next(n))
+// rather than all at once, where they would fill the miss buffers and stall the attention's own loads.
+class SidePrefetch {
+ public:
+  struct Region {
+    const char* data;
+    int64_t lines;
+  };
+  SidePrefetch() = default;
+  SidePrefetch(const std::vector<Region>* regions, int64_t begin, int64_t end)
+      : regions_(regions), line_(begin), end_(end) {
+    if (regions_ == nullptr || line_ >= end_) return;
+    while (region_ < static_cast<int64_t>(regions_->size()) && line_ >= offset_ + (*regions_)[region_].lines)
+      offset_ += (*regions_)[region_++].lines;
+  }
+  int64_t remaining() const { return end_ - line_; }
+  // Prefetches up to n more lines of this task's slice (into L2: the L3 keeps what L2 evicts).
+  void next(int64_t n) {
+    for (; n > 0 && line_ < end_; --n, ++line_) {
+      while (line_ >= offset_ + (*regions_)[region_].lines) offset_ += (*regions_)[region_++].lines;
+      __builtin_prefetch((*regions_)[region_].data + (line_ - offset_) * 64, 0, 2);
+    }
+  }
+  void finish() { next(end_ - line_); }
+
+ private:
+  const std::vector<Region>* regions_ = nullptr;
+  int64_t line_ = 0, end_ = 0, region_ = 0, offset_ = 0;
+};
+
 // Decode attention prefetches K rows this many tokens ahead (blocks are scattered: the hardware cannot
 // guess them); the caller prefetches the next sequence's first ones (prefetch_context_start).
 constexpr int64_t kDecodePrefetchTokens = 32;
@@ -256,12 +293,14 @@ inline void prefetch_context_start(const T* k_cache, const int64_t* table, int64
 // taken (a token's row is contiguous in the cache, so are a block's rows), each KV head's slice widened
 // once for its whole query group; K rows are prefetched kDecodePrefetchTokens ahead and V rows into L2
 // for the second pass. Scaled rows (KvInt8): a score takes its K row's scale with the softmax scale, and
-// the attention weights their V row's scale before the weighted sum. rows and scores are scratch.
+// the attention weights their V row's scale in the weighted sum. rows and scores are scratch; side:
+// other tensors' lines to prefetch along the way (SidePrefetch).
 template <typename T>
 inline void decode_attention_heads(const float* q, const T* k_cache, const T* v_cache, const int64_t* table,
                                    int64_t context, int64_t block_size, int64_t num_kv_heads, int64_t head_dim,
                                    int64_t group, int64_t h_begin, int64_t h_end, float scale, float* out,
-                                   std::vector<float>& scores, std::vector<const T*>& rows) {
+                                   std::vector<float>& scores, std::vector<const T*>& rows,
+                                   SidePrefetch side = {}) {
   using Row = KvRow<T>;
   const int64_t head_stride = head_dim + Row::extra, token_stride = num_kv_heads * head_stride;
   const int64_t num_heads = (h_end - h_begin) * group;
@@ -281,8 +320,11 @@ inline void decode_attention_heads(const float* q, const T* k_cache, const T* v_
   const int64_t bytes = (h_end - h_begin) * head_stride * static_cast<int64_t>(sizeof(T));
   const __m128 scale4 = _mm_set1_ps(scale);
   for (int64_t p = 0; p < std::min(context, kDecodePrefetchTokens); ++p) prefetch_bytes<3>(k_rows[p], bytes);
+  // the side lines spread over the QK groups, the rest before the V pass
+  const int64_t side_per_group = (side.remaining() + context / 4) / (context / 4 + 1);
   int64_t pos = 0;
   for (; pos + 4 <= context; pos += 4) {
+    side.next(side_per_group);
     for (int64_t j = 0; j < 4; ++j) prefetch_bytes<2>(v_rows[pos + j], bytes);
     const int64_t ahead = pos + kDecodePrefetchTokens;
     for (int64_t j = ahead; j < std::min(context, ahead + 4); ++j) prefetch_bytes<3>(k_rows[j], bytes);
@@ -306,15 +348,11 @@ inline void decode_attention_heads(const float* q, const T* k_cache, const T* v_
       // as the four-token path: the sum times (softmax scale x row scale), the latter 1 for unscaled rows
       scores[head * context + pos] = dot(q + head * head_dim, k, head_dim) * (scale * Row::scale(k, head_dim));
     }
+  side.finish();
   for (int64_t head = 0; head < num_heads; ++head) softmax_inplace(scores.data() + head * context, context);
   const T** hv = k_rows;  // the K row pointers are done with: reuse them for one KV head's V rows
   for (int64_t h = 0; h < h_end - h_begin; ++h) {
     for (int64_t p = 0; p < context; ++p) hv[p] = v_rows[p] + h * head_stride;
-    if constexpr (Row::scaled)
-      for (int64_t p = 0; p < context; ++p) {
-        const float vs = Row::scale(hv[p], head_dim);
-        for (int64_t g = 0; g < group; ++g) scores[(h * group + g) * context + p] *= vs;
-      }
     for_head_triples(group, [&](auto ng, int64_t g) {
       weighted_sum_group<decltype(ng)::value>(scores.data() + (h * group + g) * context, context, hv, context,
                                               out + (h * group + g) * head_dim, head_dim);
