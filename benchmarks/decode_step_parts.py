@@ -1,0 +1,138 @@
+"""The batch-64 W8A8 decode step's parts, each measured on its own (issue 13's "batched steps at >= 60% of the
+roofline": what is left between the step and its GEMMs).
+
+1. attention: one layer's int8-KV decode attention, 64 sequences x 160 tokens (SmolLM2's 9 query / 3 KV heads of
+   64), one thread, the same cache every call (4 MB: mostly from cache): ms per call, ns per (token, KV head).
+2. gemm: the 30 layers' four int8 matrices at M = 64 through torch._int_mm, every layer its own weights (they
+   stream from DRAM, as in a step) against one layer's weights 30 times (from cache).
+3. prefetch: engine decode steps at batch 64 (W8A8, int8 KV), the attention prefetching the layer's next matrices
+   on one step and not on the next, alternating in one process: median step and median _int_mm time per step.
+
+Usage: python benchmarks/decode_step_parts.py [--parts attention,gemm,prefetch] [--out FILE]
+Run it on a quiet machine; this VM's speed drifts by tens of percent between minutes, so each part compares its
+two sides within the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def attention_part(calls: int = 1500) -> dict:
+    from servelab.kernels import cpu_ops
+    from servelab.model.attention import quantize_kv
+
+    ops = cpu_ops()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        batch, ctx, block, kv_heads, head_dim, heads = 64, 160, 16, 3, 64, 9
+        torch.manual_seed(0)
+        cache = quantize_kv(torch.randn(2, 700, block, kv_heads, head_dim).to(torch.bfloat16))
+        blocks = -(-ctx // block)
+        tables = torch.randperm(700)[:batch * blocks].view(batch, blocks)
+        lens = torch.full((batch,), ctx, dtype=torch.long)
+        q = torch.randn(batch, heads * head_dim)
+        ops.paged_decode_attention(q, cache, tables, lens, heads)
+        start = time.perf_counter()
+        for _ in range(calls):
+            ops.paged_decode_attention(q, cache, tables, lens, heads)
+        seconds = (time.perf_counter() - start) / calls
+    finally:
+        torch.set_num_threads(threads)
+    return {"ms_per_layer": seconds * 1e3, "ns_per_token_kv_head": seconds / (batch * kv_heads * ctx) * 1e9}
+
+
+def gemm_part(m: int = 64, layers: int = 30, repeats: int = 3) -> dict:
+    shapes = [(576, 960), (576, 576), (576, 3072), (1536, 576)]  # qkv, o, gate_up, down (k, n)
+    torch.manual_seed(0)
+    weights = [[torch.randint(-127, 127, (n, k), dtype=torch.int8) for k, n in shapes] for _ in range(layers)]
+    inputs = [torch.randint(-127, 127, (m, k), dtype=torch.int8) for k, _ in shapes]
+    flops = layers * sum(2.0 * m * k * n for k, n in shapes)
+
+    def run(stack):
+        for layer in stack:
+            for w, x in zip(layer, inputs):
+                torch._int_mm(x, w.t())
+
+    out = {"dram": [], "cache": []}
+    for _ in range(repeats):
+        for name, stack in (("dram", weights), ("cache", [weights[0]] * layers)):
+            run(stack)
+            start = time.perf_counter()
+            run(stack)
+            out[name].append(time.perf_counter() - start)
+    return {name: {"ms": statistics.median(v) * 1e3, "gflops": flops / statistics.median(v) / 1e9}
+            for name, v in out.items()}
+
+
+def prefetch_part(batch: int = 64, rounds: int = 3) -> dict:
+    from servelab.llm import LLM
+    from servelab.model import llama
+    from servelab.sampling_params import SamplingParams
+
+    llm = LLM(quantization="int8", max_num_seqs=batch, max_num_batched_tokens=1024, kv_cache_dtype="int8")
+    engine = llm.engine
+    original = llama.DecoderLayer._attention_fused
+    state = {"on": True, "mm": 0.0}
+
+    def attention(self, qkv, positions, rope, kv_cache, meta, ops, prefetch=()):
+        return original(self, qkv, positions, rope, kv_cache, meta, ops, prefetch if state["on"] else ())
+
+    int_mm = torch._int_mm
+
+    def timed_int_mm(a, b):
+        start = time.perf_counter()
+        result = int_mm(a, b)
+        state["mm"] += time.perf_counter() - start
+        return result
+
+    steps = {True: [], False: []}
+    matmuls = {True: [], False: []}
+    llama.DecoderLayer._attention_fused, torch._int_mm = attention, timed_int_mm
+    try:
+        for r in range(rounds):
+            rng = random.Random(r)
+            params = SamplingParams(max_tokens=64, ignore_eos=True, temperature=0)
+            for _ in range(batch):
+                prompt = {"prompt_token_ids": [rng.randrange(100, 40000) for _ in range(128)]}
+                engine.add_request(engine.input_processor.process_inputs(engine.new_request_id(), prompt, params))
+            i = 0
+            while engine.has_unfinished_requests():
+                state["on"], state["mm"] = i % 2 == 0, 0.0
+                engine.step()
+                i += 1
+                s = engine.last_step_stats
+                if r and s is not None and s.num_prefill_tokens == 0 and s.num_decode_requests == batch:
+                    steps[state["on"]].append(s.duration * 1e3)
+                    matmuls[state["on"]].append(state["mm"] * 1e3)
+    finally:
+        llama.DecoderLayer._attention_fused, torch._int_mm = original, int_mm
+    return {("on" if k else "off"): {"steps": len(steps[k]), "step_ms": statistics.median(steps[k]),
+                                    "int_mm_ms": statistics.median(matmuls[k])} for k in (True, False)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--parts", default="attention,gemm,prefetch")
+    parser.add_argument("--out", default="benchmarks/results/decode_step_parts.json")
+    args = parser.parse_args()
+    parts = {"attention": attention_part, "gemm": gemm_part, "prefetch": prefetch_part}
+    result = {"command": f"python benchmarks/decode_step_parts.py --parts {args.parts}",
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": os.getloadavg()}
+    for name in args.parts.split(","):
+        result[name] = parts[name]()
+        print(name, json.dumps(result[name]), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
