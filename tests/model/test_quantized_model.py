@@ -83,22 +83,43 @@ def test_per_token_activation_scales():
 
 
 @pytest.mark.skipif(cpu_ops() is None, reason="the fused W8A8 layer needs servelab's CPU ops")
+class _CountingOps:
+    """servelab's ops module, counting the calls of one op."""
+
+    def __init__(self, ops, name: str):
+        self._ops, self._name, self.calls = ops, name, 0
+
+    def __getattr__(self, attr):
+        if attr == self._name:
+            self.calls += 1
+        return getattr(self._ops, attr)
+
+
 def test_int8_fused_layer_is_the_op_by_op_layer(default_model_dir, monkeypatch):
-    """bf16 + int8 runs every layer through forward_w8a8 (one call between two matrices); it must give the
-    logprobs forward_fused gives op by op, bit for bit, over prefill and batched decode steps."""
+    """bf16 + int8 runs a decode step's layers in one C++ call (w8a8_decode_layers) and every other step layer by
+    layer through forward_w8a8 (one call between two matrices); both must give the logprobs forward_fused gives
+    op by op, bit for bit, over prefill and batched decode steps."""
     from servelab.model.llama import DecoderLayer
 
     llm = LLM(str(default_model_dir), quantization="int8", dtype="bfloat16")
-    assert all(layer.is_w8a8 for layer in llm.engine.executor.model.layers)
+    model = llm.engine.executor.model
+    assert all(layer.is_w8a8 for layer in model.layers)
     params = SamplingParams(temperature=0, max_tokens=8, logprobs=2)
 
     def run():
         outs = llm.generate(PROMPTS, params)
         return [(o.outputs[0].token_ids, [(t.logprob, t.top_logprobs) for t in o.outputs[0].logprobs]) for o in outs]
 
-    fused = run()
+    counting = _CountingOps(model.ops, "w8a8_decode_layers")
+    monkeypatch.setattr(model, "ops", counting)
+    one_call = run()
+    assert counting.calls >= 7  # the decode steps after each prompt's prefill
+    calls = counting.calls
+    monkeypatch.setattr(model, "_w8a8_layers", None)
+    layer_by_layer = run()
+    assert counting.calls == calls and layer_by_layer == one_call
     monkeypatch.setattr(DecoderLayer, "is_w8a8", property(lambda self: False))
-    assert run() == fused
+    assert run() == one_call
 
 
 @pytest.mark.skipif(cpu_ops() is None, reason="8-bit-rounded inputs are the CPU kernels' few-row path")

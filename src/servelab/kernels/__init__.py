@@ -11,7 +11,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 SOURCES = ("bindings.cpp", "linear_bf16.cpp", "linear_quant.cpp", "cpu_ops.cpp", "decode_step.cpp", "int8_rows.cpp",
-           "prefill_attention.cpp", "int8_gemm_rows.cpp")
+           "prefill_attention.cpp", "int8_gemm_rows.cpp", "w8a8_layers.cpp")
 HEADERS = ("ops.h", "simd.h", "rowops.h", "gemv.h", "quant_blocks.h", "kv_cache.h", "q4_packed.h")
 
 

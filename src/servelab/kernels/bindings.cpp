@@ -40,6 +40,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("acc"), pybind11::arg("row_scales"), pybind11::arg("col_scales"), pybind11::arg("residual"),
         pybind11::arg("weight"), pybind11::arg("eps"), pybind11::arg("inv_smooth") = pybind11::none(),
         pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("w8a8_decode_layers", &servelab::w8a8_decode_layers,
+        "a W8A8 model's decode-only step through every layer in one call (llama.py's forward_w8a8, layer by layer)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<servelab::DecodeRunner>(m, "DecodeRunner", "one sequence's decode step in one call")
       .def(pybind11::init<at::Tensor, int64_t, at::Tensor, int64_t, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t,
                           double, bool>())

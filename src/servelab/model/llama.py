@@ -213,6 +213,7 @@ class LlamaForCausalLM(nn.Module):
         self.ops = cpu_ops() if dtype == torch.bfloat16 and self.compute_dtype == torch.float32 else None
         self._fused_norms: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._decode_runner = None  # the fused path's single-sequence decode step, set by load_weights
+        self._w8a8_layers = None  # every layer's W8A8 tensors for one-call decode steps, set by quantize_int8
         self.rope = RotaryEmbedding(config, max_positions, self.compute_dtype)
 
     @property
@@ -249,6 +250,16 @@ class LlamaForCausalLM(nn.Module):
         return rms_norm(x, self.norm, self.config.rms_norm_eps)
 
     def _forward_fused(self, x, positions, kv_caches, meta) -> torch.Tensor:
+        if self._w8a8_layers is not None and not meta.prefills:
+            # A W8A8 decode step: all layers in one C++ call, the same ops as forward_w8a8's in the same order.
+            first = self.layers[0]
+            acc, row_scales, col_scales, residual = self.ops.w8a8_decode_layers(
+                x, self._w8a8_layers, positions, self.rope.cos, self.rope.sin, first.num_heads, first.num_kv_heads,
+                kv_caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
+                self.config.rms_norm_eps)
+            x = self.ops.dequantize_rows_int32(acc, row_scales, col_scales)
+            self.ops.add_rms_norm_(x, residual, self._final_norm, self.config.rms_norm_eps)
+            return x
         residual = None
         for i, (layer, kv_cache, norms) in enumerate(zip(self.layers, kv_caches, self._fused_norms)):
             if layer.is_w8a8 and (residual is None or isinstance(x, tuple)):
@@ -287,6 +298,22 @@ class LlamaForCausalLM(nn.Module):
         for name, linear in self.named_linear_layers().items():
             absmax = None if input_absmax is None else input_absmax.get(name)
             linear.quantize_int8(None if absmax is None else smoothing_factors(absmax, linear.weight, alpha))
+        self._w8a8_layers = self._gather_w8a8_layers()
+
+    def _gather_w8a8_layers(self) -> list[list[torch.Tensor]] | None:
+        """Every layer's norms and int8 matrices as ops.w8a8_decode_layers takes them, where a decode-only step can
+        run all layers in one C++ call: servelab's ops, one rank, every layer W8A8."""
+        if self.ops is None or self.tp.world_size != 1 or not all(layer.is_w8a8 for layer in self.layers):
+            return None
+        none = torch.empty(0)
+        stack = []
+        for layer, norms in zip(self.layers, self._fused_norms):
+            tensors = list(norms)
+            for linear in (layer.qkv_proj, layer.o_proj, layer.gate_up_proj, layer.down_proj):
+                w = linear.quantized
+                tensors += [w.qweight, w.scale, none if w.inv_smooth is None else w.inv_smooth]
+            stack.append(tensors)
+        return stack
 
     def weight_bytes(self) -> int:
         """Bytes of every weight held, each shared tensor once: quantized blocks at their stored size."""
