@@ -76,12 +76,33 @@ template <typename T>
 inline void write_cache(T* dst, const float* src, int64_t num_heads, int64_t head_dim) {
   for (int64_t i = 0; i < num_heads * head_dim; ++i) dst[i] = static_cast<T>(src[i]);
 }
+// Eight at a time where head_dim allows: the same division and round-half-even (_mm256_round_ps) per value.
 inline void write_cache(KvInt8* dst, const float* src, int64_t num_heads, int64_t head_dim) {
+  const bool vector = head_dim % 8 == 0;
   for (int64_t h = 0; h < num_heads; ++h, src += head_dim, dst += head_dim + KvRow<KvInt8>::extra) {
     float amax = 0.f;
-    for (int64_t i = 0; i < head_dim; ++i) amax = std::max(amax, std::fabs(src[i]));
+    int64_t i = 0;
+    if (vector) {
+      __m256 m = _mm256_setzero_ps();
+      for (; i < head_dim; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.f), _mm256_loadu_ps(src + i)));
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, m);
+      amax = *std::max_element(lanes, lanes + 8);
+    }
+    for (; i < head_dim; ++i) amax = std::max(amax, std::fabs(src[i]));
     const float scale = amax / 127.f;
-    for (int64_t i = 0; i < head_dim; ++i)
+    i = 0;
+    if (vector && scale != 0.f) {
+      const __m256 vs = _mm256_set1_ps(scale), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+      for (; i < head_dim; i += 8) {
+        const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(src + i), vs),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i v = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+        const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + i), _mm_packs_epi16(w, w));
+      }
+    }
+    for (; i < head_dim; ++i)
       dst[i].v = scale == 0.f ? 0 : static_cast<int8_t>(std::clamp(std::nearbyint(src[i] / scale), -127.f, 127.f));
     std::memcpy(dst + head_dim, &scale, sizeof(scale));
   }
@@ -121,7 +142,15 @@ inline void silu_mul(float* gate, const float* up, int64_t n) {
 // Rotates one head in place (rotate-half layout); c, s: this position's cos, sin (hd each).
 inline void rope_rotate(float* x, const float* c, const float* s, int64_t hd) {
   const int64_t half = hd / 2;
-  for (int64_t i = 0; i < half; ++i) {
+  int64_t i = 0;
+  if (half % 8 == 0)
+    for (; i < half; i += 8) {
+      const __m256 x1 = _mm256_loadu_ps(x + i), x2 = _mm256_loadu_ps(x + i + half);
+      _mm256_storeu_ps(x + i, _mm256_fmsub_ps(x1, _mm256_loadu_ps(c + i), _mm256_mul_ps(x2, _mm256_loadu_ps(s + i))));
+      _mm256_storeu_ps(x + i + half, _mm256_fmadd_ps(x2, _mm256_loadu_ps(c + i + half),
+                                                     _mm256_mul_ps(x1, _mm256_loadu_ps(s + i + half))));
+    }
+  for (; i < half; ++i) {
     const float x1 = x[i], x2 = x[i + half];
     x[i] = x1 * c[i] - x2 * s[i];
     x[i + half] = x2 * c[i + half] + x1 * s[i + half];
