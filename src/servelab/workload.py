@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from servelab import sharegpt_llama3
 from servelab.errors import FieldError, check_fields
 from servelab.rate_schedule import parse_rate_schedule
 
@@ -40,10 +41,8 @@ DEFAULT_NUM_PREFIXES = 10
 SHAREGPT_PROMPT_MU, SHAREGPT_PROMPT_SIGMA = 4.63, 1.05
 SHAREGPT_OUTPUT_MU, SHAREGPT_OUTPUT_SIGMA = 5.51, 0.90
 SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT_LEN, SHAREGPT_MAX_TOTAL_LEN = 4, 1024, 2048
-# ShareGPT as vLLM's and SGLang's benchmark samplers drew it for Llama 3 in their 2024 posts: the vLLM v0.6.0
-# blog reports 202 input / 179 output tokens on average over its 500 sampled prompts. Same shape and filter as
-# above, medians moved so that the filtered means are 202 / 179 (fitted on 400k draws).
-SHAREGPT_LLAMA3_PROMPT_MU, SHAREGPT_LLAMA3_OUTPUT_MU = 4.96, 4.80
+# sharegpt-llama3: ShareGPT V3 as vLLM's and SGLang's benchmark samplers read it with Llama 3's tokenizer, drawn
+# from the dataset's measured lengths (sharegpt_llama3.py).
 
 
 @dataclass(frozen=True)
@@ -64,6 +63,9 @@ class WorkloadConfig:
     prefix_len: int | None = None
     num_prefixes: int | None = None
     arrival_rng: str = "servelab"  # one of ARRIVAL_RNGS
+    # sharegpt-llama3 only: the run's outputs ended at the model's EOS (a client without --ignore-eos) and
+    # averaged this many tokens; None: each output is the dataset's length (sharegpt_llama3.eos_cut)
+    eos_mean_output: float | None = None
 
     def __post_init__(self) -> None:
         check_fields([
@@ -93,6 +95,11 @@ class WorkloadConfig:
             (self.arrival_rng == "servelab" or self.rate_schedule is None,
              "{arrival_rng} numpy-legacy draws a constant rate's gaps; a {rate_schedule} has its own",
              ("arrival_rng", "rate_schedule")),
+            (self.eos_mean_output is None or self.dataset == "sharegpt-llama3" and self.output_len is None,
+             "{eos_mean_output} cuts sharegpt-llama3's dataset lengths at EOS; it takes no fixed {output_len}",
+             ("eos_mean_output", "dataset", "output_len")),
+            (self.eos_mean_output is None or self.eos_mean_output >= 1,
+             f"{{eos_mean_output}} must be >= 1, got {self.eos_mean_output}", ("eos_mean_output",)),
             (self.num_prefixes is None or self.num_prefixes >= 1,
              f"{{num_prefixes}} must be >= 1, got {self.num_prefixes}", ("num_prefixes",)),
         ])
@@ -158,7 +165,9 @@ def sample_lengths(config: WorkloadConfig, rng: np.random.Generator) -> tuple[np
         output = _uniform_lengths(config.output_len or DEFAULT_OUTPUT_LEN, config.range_ratio, n, rng)
         return prompt, output
     if config.dataset == "sharegpt-llama3":
-        prompt, output = _sharegpt_like_lengths(n, rng, SHAREGPT_LLAMA3_PROMPT_MU, SHAREGPT_LLAMA3_OUTPUT_MU)
+        prompt, output = sharegpt_llama3.lengths(n, rng)
+        if config.eos_mean_output is not None:
+            output = sharegpt_llama3.eos_cut(output, config.eos_mean_output, rng)
     else:
         prompt, output = _sharegpt_like_lengths(n, rng)
     if config.output_len is not None:  # vLLM's --sharegpt-output-len
@@ -172,13 +181,12 @@ def _uniform_lengths(length: int, range_ratio: float, n: int, rng: np.random.Gen
     return rng.integers(low, high + 1, size=n)
 
 
-def _sharegpt_like_lengths(n: int, rng: np.random.Generator, prompt_mu: float = SHAREGPT_PROMPT_MU,
-                           output_mu: float = SHAREGPT_OUTPUT_MU) -> tuple[np.ndarray, np.ndarray]:
+def _sharegpt_like_lengths(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     prompts, outputs, have = [], [], 0
     while have < n:
         batch = max(64, 2 * (n - have))
-        p = np.rint(rng.lognormal(prompt_mu, SHAREGPT_PROMPT_SIGMA, batch)).astype(np.int64)
-        o = np.rint(rng.lognormal(output_mu, SHAREGPT_OUTPUT_SIGMA, batch)).astype(np.int64)
+        p = np.rint(rng.lognormal(SHAREGPT_PROMPT_MU, SHAREGPT_PROMPT_SIGMA, batch)).astype(np.int64)
+        o = np.rint(rng.lognormal(SHAREGPT_OUTPUT_MU, SHAREGPT_OUTPUT_SIGMA, batch)).astype(np.int64)
         keep = ((p >= SHAREGPT_MIN_LEN) & (o >= SHAREGPT_MIN_LEN) & (p <= SHAREGPT_MAX_PROMPT_LEN)
                 & (p + o <= SHAREGPT_MAX_TOTAL_LEN))
         prompts.append(p[keep])
@@ -211,6 +219,8 @@ def describe(config: WorkloadConfig) -> str:
             lengths += f" (±{config.range_ratio:.0%})"
     else:
         lengths = f"{config.dataset} lengths" + (f", output {config.output_len}" if config.output_len else "")
+        if config.eos_mean_output is not None:
+            lengths += f", outputs ending at EOS (mean {config.eos_mean_output:g})"
     burst = "" if config.burstiness == 1 else f", burstiness {config.burstiness:g}"
     if config.arrival_rng != "servelab":
         burst += f", {config.arrival_rng} arrivals"

@@ -67,3 +67,28 @@ def test_prefix_shared_is_vllms_prefix_repetition_shape():
     assert all(r.prefix_group is None for r in random)
     with pytest.raises(ValueError, match="prefix-shared"):
         WorkloadConfig(prefix_len=10)
+
+
+def test_eos_cut_keeps_prompts_and_shortens_outputs_to_the_published_mean():
+    whole = generate_workload(WorkloadConfig(dataset="sharegpt-llama3", num_prompts=20000))
+    cut = generate_workload(WorkloadConfig(dataset="sharegpt-llama3", num_prompts=20000, eos_mean_output=150))
+    assert [r.prompt_len for r in cut] == [r.prompt_len for r in whole]
+    full, ended = np.array([r.output_len for r in whole]), np.array([r.output_len for r in cut])
+    assert (ended <= full).all() and ended.min() >= 1 and (ended < full).any()
+    assert ended.mean() == pytest.approx(150, rel=0.03)
+    # a constant EOS chance per token cuts long answers more often than short ones
+    long, short = full > 600, full < 100
+    assert (ended[long] < full[long]).mean() > 3 * (ended[short] < full[short]).mean()
+
+
+@pytest.mark.parametrize("config", [dict(dataset="sharegpt-like", eos_mean_output=150),
+                                    dict(dataset="sharegpt-llama3", eos_mean_output=150, output_len=100),
+                                    dict(dataset="sharegpt-llama3", eos_mean_output=0.5)])
+def test_eos_mean_output_needs_sharegpt_llama3_lengths(config):
+    with pytest.raises(ValueError, match="eos_mean_output"):
+        WorkloadConfig(**config)
+
+
+def test_eos_mean_output_cannot_exceed_the_datasets():
+    with pytest.raises(ValueError, match="dataset's"):
+        generate_workload(WorkloadConfig(dataset="sharegpt-llama3", num_prompts=10, eos_mean_output=400))

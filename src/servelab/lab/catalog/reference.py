@@ -43,6 +43,9 @@ class SimulatedWorkload:
     why: str
     # the source's own arrival trace where it is known (workload.ARRIVAL_RNGS); optional in the data
     arrival_rng: str = "servelab"
+    # the run's published mean output where its client let outputs end at EOS (WorkloadConfig.eos_mean_output);
+    # optional in the data
+    eos_mean_output: float | None = None
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,8 @@ def parse_point(entry: dict) -> ReferencePoint:
     _require(entry, tuple(ReferencePoint.__dataclass_fields__), pid)
     _require(entry["source"], tuple(Source.__dataclass_fields__), f"{pid}.source")
     _require(entry["workload"], tuple(Workload.__dataclass_fields__), f"{pid}.workload")
-    _require(entry["workload"]["simulate"], tuple(f for f in SimulatedWorkload.__dataclass_fields__ if f != "arrival_rng"),
+    _require(entry["workload"]["simulate"], tuple(f for f in SimulatedWorkload.__dataclass_fields__
+                                                       if f not in ("arrival_rng", "eos_mean_output")),
              f"{pid}.workload.simulate")
     _require(entry["metric"], tuple(Metric.__dataclass_fields__), f"{pid}.metric")
     w = entry["workload"]
@@ -166,6 +170,8 @@ def validate(p: ReferencePoint) -> None:
         (p.load in ("low", "high"), "load must be low or high"),
         (s.dataset in DATASETS, f"unknown servelab dataset {s.dataset!r}"),
         (s.arrival_rng in ARRIVAL_RNGS, f"arrival_rng must be one of {ARRIVAL_RNGS}"),
+        (s.eos_mean_output is None or s.dataset == "sharegpt-llama3" and s.eos_mean_output >= 1,
+         "eos_mean_output cuts sharegpt-llama3's lengths: it needs that dataset and is >= 1"),
         (p.tp >= 1 and p.pp == 1, "tp must be >= 1; the lab has no pipeline parallelism"),
         (p.num_gpus == p.tp * sum(p.disaggregation) if p.disaggregation else p.num_gpus % p.tp == 0,
          "num_gpus must be a multiple of tp, and (P + D) * tp when disaggregated"),
@@ -208,5 +214,5 @@ def to_simulation(point: ReferencePoint, num_prompts: int | None = None, seed: i
         max_num_batched_tokens=point.engine_settings.get("max_num_batched_tokens"), **point.deployment_flags)
     workload = WorkloadConfig(dataset=s.dataset, num_prompts=min(num_prompts or s.num_prompts, s.num_prompts), input_len=s.input_len,
                               output_len=s.output_len, request_rate=point.workload.request_rate, seed=seed,
-                              arrival_rng=s.arrival_rng)
+                              arrival_rng=s.arrival_rng, eos_mean_output=s.eos_mean_output)
     return Simulation(deployment, workload, point.metric.name)
