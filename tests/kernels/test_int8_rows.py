@@ -145,3 +145,21 @@ def test_int8_matmul_rows_rejects_what_it_does_not_take():
         ops.int8_matmul_rows(torch.zeros(17, 32, dtype=torch.int8), torch.zeros(4, 32, dtype=torch.int8))
     with pytest.raises(RuntimeError, match=r"a \(M, K\) and w \(N, K\)"):
         ops.int8_matmul_rows(torch.zeros(2, 32, dtype=torch.int8), torch.zeros(4, 64, dtype=torch.int8))
+
+
+@pytest.mark.parametrize("n", [5, 8, 61, 49152])
+def test_argmax_rows_is_the_argmax_of_the_dequantized_rows(n):
+    """Greedy tokens from LM-head accumulators: the argmax of dequantize_rows_int32's own values, the first of
+    equal maxima (as numpy's and torch's argmax), across SIMD lanes, vector blocks and the tail."""
+    torch.manual_seed(n)
+    acc = torch.randint(-(2 ** 20), 2 ** 20, (6, n), dtype=torch.int32)
+    rows, cols = torch.rand(6, 1) + 0.01, torch.rand(n) + 0.01
+    acc[1] = 0  # every value equal: index 0
+    if n > 9:
+        acc[2, 9] = acc[2, n - 1] = 2 ** 24  # the same maximum twice, in different lanes and blocks: the first
+        cols[9] = cols[n - 1] = 2.0
+        acc[3, n - 1] = 2 ** 25  # the maximum in the last position (the tail when n % 8)
+    expected = ops.dequantize_rows_int32(acc, rows, cols).numpy().argmax(axis=1)
+    got = ops.argmax_rows_int32(acc, rows, cols)
+    assert got.dtype == torch.long and got.tolist() == expected.tolist()
+    assert got[1] == 0

@@ -122,6 +122,30 @@ def test_int8_fused_layer_is_the_op_by_op_layer(default_model_dir, monkeypatch):
     assert run() == one_call
 
 
+def test_int8_greedy_steps_take_the_heads_argmax_without_logits(default_model_dir, monkeypatch):
+    """Greedy requests without logprobs get their tokens from the W8A8 head's accumulators (no fp32 logits): the
+    same tokens as sampling from the logits, over prefill and batched decode steps."""
+    llm = LLM(str(default_model_dir), quantization="int8", dtype="bfloat16")
+    model = llm.engine.executor.model
+    greedy_tokens, calls = model.greedy_tokens, []
+
+    def counted(hidden):
+        out = greedy_tokens(hidden)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(model, "greedy_tokens", counted)
+    from_head = _tokens(llm)
+    assert calls and all(calls)
+    monkeypatch.setattr(model, "greedy_tokens", lambda hidden: None)
+    assert _tokens(llm) == from_head
+    # a request with logprobs needs the logits: the head's argmax is not asked for
+    calls.clear()
+    monkeypatch.setattr(model, "greedy_tokens", counted)
+    llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=3, logprobs=1))
+    assert calls == []
+
+
 @pytest.mark.skipif(cpu_ops() is None, reason="8-bit-rounded inputs are the CPU kernels' few-row path")
 def test_gguf_few_row_steps_round_inputs_and_score_like_whole_chunks():
     """Steps of up to 4 rows (decode) multiply the GGUF blocks by inputs rounded to 8 bits per 32 values;

@@ -13,13 +13,13 @@ import torch
 
 from servelab.config import CacheConfig
 from servelab.core.block_manager import num_blocks_for_memory
-from servelab.core.plan import ScheduledRequest, StepPlan, StepResult
+from servelab.core.plan import SampledToken, ScheduledRequest, StepPlan, StepResult
 from servelab.distributed.parallel_state import SINGLE_RANK, TensorParallelGroup
 from servelab.model.attention import AttentionMetadata, PrefillChunk
 from servelab.model.llama import LlamaForCausalLM
 from servelab.model.gguf_weights import load_gguf_weights
 from servelab.model.loader import load_state_dict
-from servelab.model.sampler import Sampler, SamplingRow
+from servelab.model.sampler import Sampler, SamplingRow, plain_greedy
 from servelab.model.smooth_quant import CALIBRATION_TEXT, InputAbsMax
 from servelab.model.tokenizer import Tokenizer
 from servelab.specs import ModelSpec
@@ -135,13 +135,20 @@ class ModelExecutor:
                     last_rows.append(row - 1)
                     sampled_reqs.append(s)
             sampled = {}
-            # Every rank computes its vocabulary slice; only the first rank gets logits back, and samples.
-            logits = self.model.compute_logits(hidden[last_rows]) if sampled_reqs else None
-            if logits is not None:
-                rows = [self._rows[s.request_id] for s in sampled_reqs]
-                for s, row_state, token in zip(sampled_reqs, rows, self.sampler(logits, rows)):
-                    row_state.output_token_ids.append(token.token_id)
-                    sampled[s.request_id] = token
+            rows = [self._rows[s.request_id] for s in sampled_reqs]
+            tokens = None
+            if rows and plain_greedy(rows) and hasattr(self.model, "greedy_tokens"):
+                # argmaxes straight from the head where the model has them (a W8A8 head: no fp32 logits)
+                tokens = self.model.greedy_tokens(hidden[last_rows])
+            if tokens is not None:
+                tokens = [SampledToken(t) for t in tokens.tolist()]
+            elif rows:
+                # Every rank computes its vocabulary slice; only the first rank gets logits back, and samples.
+                logits = self.model.compute_logits(hidden[last_rows])
+                tokens = None if logits is None else self.sampler(logits, rows)
+            for s, row_state, token in zip(sampled_reqs, rows, tokens or ()):
+                row_state.output_token_ids.append(token.token_id)
+                sampled[s.request_id] = token
         return StepResult(sampled=sampled, duration=time.perf_counter() - start)
 
     def prompt_logits(self, token_ids: list[int], step_tokens: int | None = None) -> torch.Tensor:

@@ -31,6 +31,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("dequantize_rows_int32", &servelab::dequantize_rows_int32, "int32 (M, N) * row scales * column scales",
         pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("argmax_rows_int32", &servelab::argmax_rows_int32,
+        "per row, the first index of the largest int32 * row scale * column scale (greedy tokens)",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("silu_mul_quantize_int8", &servelab::silu_mul_quantize_int8,
         "gate_up's int32 accumulators to silu(gate) * up as int8 rows (times 1 / smoothing), one scale each",
         pybind11::arg("acc"), pybind11::arg("row_scales"), pybind11::arg("col_scales"),

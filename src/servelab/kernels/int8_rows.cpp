@@ -234,3 +234,56 @@ std::vector<at::Tensor> dequant_add_rms_norm_quantize_int8(const at::Tensor& acc
 }
 
 }  // namespace servelab
+
+namespace servelab {
+
+// Per row, the index of the largest acc * row_scale * col_scale, computed as dequantize_rows_int32 computes each
+// value (the same two fp32 products), the first one where several are equal (as torch's and numpy's argmax):
+// a greedy step's tokens from the LM head's accumulators, without writing and re-reading fp32 logits.
+at::Tensor argmax_rows_int32(const at::Tensor& acc, const at::Tensor& row_scales, const at::Tensor& col_scales) {
+  TORCH_CHECK(acc.dim() == 2 && acc.scalar_type() == at::kInt, "argmax_rows_int32: acc must be (M, N) int32");
+  const int64_t M = acc.size(0), N = acc.size(1);
+  TORCH_CHECK(N > 0 && row_scales.numel() == M && col_scales.numel() == N, "argmax_rows_int32: scales must be (M,) and (N,)");
+  auto a = acc.contiguous();
+  auto rs = row_scales.to(at::kFloat).contiguous();
+  auto cs = col_scales.to(at::kFloat).contiguous();
+  auto out = at::empty({M}, a.options().dtype(at::kLong));
+  const int32_t* ap = a.data_ptr<int32_t>();
+  const float* rp = rs.data_ptr<float>();
+  const float* cp = cs.data_ptr<float>();
+  int64_t* op = out.data_ptr<int64_t>();
+  at::parallel_for(0, M, 1, [&](int64_t b, int64_t e) {
+    for (int64_t m = b; m < e; ++m) {
+      const int32_t* am = ap + m * N;
+      const __m256 r = _mm256_set1_ps(rp[m]);
+      // each lane keeps its largest value and that value's first column (a later equal one does not replace it)
+      __m256 best = _mm256_set1_ps(-INFINITY);
+      __m256i best_col = _mm256_setzero_si256(), col = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      int64_t n = 0;
+      for (; n + 8 <= N; n += 8) {
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(am + n)));
+        const __m256 y = _mm256_mul_ps(_mm256_mul_ps(v, r), _mm256_loadu_ps(cp + n));
+        const __m256 greater = _mm256_cmp_ps(y, best, _CMP_GT_OQ);
+        best = _mm256_blendv_ps(best, y, greater);
+        best_col = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best_col), _mm256_castsi256_ps(col), greater));
+        col = _mm256_add_epi32(col, _mm256_set1_epi32(8));
+      }
+      alignas(32) float values[8];
+      alignas(32) int32_t cols[8];
+      _mm256_store_ps(values, best);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(cols), best_col);
+      float top = -INFINITY;
+      int64_t top_col = -1;
+      for (int lane = 0; lane < 8 && n > 0; ++lane)
+        if (values[lane] > top || (values[lane] == top && cols[lane] < top_col)) top = values[lane], top_col = cols[lane];
+      for (; n < N; ++n) {
+        const float y = static_cast<float>(am[n]) * rp[m] * cp[n];
+        if (y > top || top_col < 0) top = y, top_col = n;
+      }
+      op[m] = top_col;
+    }
+  });
+  return out;
+}
+
+}  // namespace servelab

@@ -33,6 +33,8 @@ at::Tensor dequantize_gguf(const at::Tensor& w, int64_t type, int64_t K);
 at::Tensor int8_matmul_rows(const at::Tensor& a, const at::Tensor& w);
 std::vector<at::Tensor> quantize_rows_int8(const at::Tensor& x, const c10::optional<at::Tensor>& inv_smooth);
 at::Tensor dequantize_rows_int32(const at::Tensor& acc, const at::Tensor& row_scales, const at::Tensor& col_scales);
+// Per row, the first index of the largest dequantize_rows_int32 value: greedy tokens from LM-head accumulators.
+at::Tensor argmax_rows_int32(const at::Tensor& acc, const at::Tensor& row_scales, const at::Tensor& col_scales);
 // gate_up's int32 accumulators (M, 2I) -> silu(gate) * up, times inv_smooth (I,) if given, as int8 rows
 // with one scale each: the MLP middle of W8A8 without fp32 intermediates.
 std::vector<at::Tensor> silu_mul_quantize_int8(const at::Tensor& acc, const at::Tensor& row_scales,

@@ -159,6 +159,15 @@ class Int8Weight:
         x_q, x_scale = cpu_ops().quantize_rows_int8(x, self.inv_smooth)
         return int8_matmul(x_q, self.qweight), x_scale
 
+    def greedy_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """Per row of x (M, K), the index of linear(x)'s largest value (the first of equal ones), without its fp32
+        rows: the LM head of a greedy step (servelab's kernels)."""
+        from servelab.kernels import cpu_ops
+
+        ops = cpu_ops()
+        x_q, x_scale = ops.quantize_rows_int8(x.reshape(-1, x.shape[-1]).float(), self.inv_smooth)
+        return ops.argmax_rows_int32(int8_matmul(x_q, self.qweight), x_scale, self.scale)
+
     def linear_int8(self, x_q: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
         """Already-quantized rows (M, K) int8 with scales (M, 1) times the weight: fp32 (M, N)."""
         from servelab.kernels import cpu_ops

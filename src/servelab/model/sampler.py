@@ -114,11 +114,17 @@ def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     return torch.minimum(token, last).squeeze(1)
 
 
+def plain_greedy(rows: list[SamplingRow]) -> bool:
+    """Every row takes its logits' argmax and nothing else (no temperature, penalties or logprobs): its token is
+    all a step needs from the logits (ModelExecutor then asks the model for argmaxes, where it has them cheaper)."""
+    return all(r.params.temperature < 1e-5 and r.params.logprobs is None and not r.params.needs_penalties for r in rows)
+
+
 class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
         """logits (num_rows, vocab) in the model dtype; one SampledToken per row, in order."""
         params = [r.params for r in rows]
-        if all(p.temperature < 1e-5 and p.logprobs is None and not p.needs_penalties for p in params):
+        if plain_greedy(rows):
             return [SampledToken(t) for t in _argmax(logits).tolist()]
 
         num_rows, device = logits.shape[0], logits.device
