@@ -166,7 +166,7 @@ class DecoderLayer(nn.Module):
         the next quantization are one call (dequant_add_rms_norm_quantize_int8). x enters as the previous
         layer's down_proj accumulators (acc, row scales, column scales), or as the embeddings before the
         first layer, and leaves as this layer's. A decode step's attention prefetches the layer's other three
-        matrices and next_qkv (the next layer's first): from DRAM their GEMMs ran ~25% slower at batch 64."""
+        matrices and next_qkv (the next layer's first): from DRAM their GEMMs ran ~30% slower at batch 64."""
         qkv_w, o_w = self.qkv_proj.quantized, self.o_proj.quantized
         gate_up, down = self.gate_up_proj.quantized, self.down_proj.quantized
         if residual is None:
