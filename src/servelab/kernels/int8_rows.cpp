@@ -68,6 +68,13 @@ at::Tensor smoothing(const c10::optional<at::Tensor>& inv_smooth, int64_t n, con
 
 inline const float* data_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
+// Eight int32 accumulators de-quantized: (acc * row scale) * column scale, the one fp32 order every op here
+// uses (dequantize_rows_int32 writes these values; the fused passes and argmax_rows_int32 must see the same).
+inline __m256 dequant8(const int32_t* acc, __m256 row_scale, const float* col_scales) {
+  const __m256 v = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc)));
+  return _mm256_mul_ps(_mm256_mul_ps(v, row_scale), _mm256_loadu_ps(col_scales));
+}
+
 }  // namespace
 
 std::vector<at::Tensor> quantize_rows_int8(const at::Tensor& x_in, const c10::optional<at::Tensor>& inv_smooth) {
@@ -110,10 +117,7 @@ at::Tensor dequantize_rows_int32(const at::Tensor& acc, const at::Tensor& row_sc
       const int32_t* am = ap + m * N;
       float* ym = yp + m * N;
       int64_t n = 0;
-      for (; n + 8 <= N; n += 8) {
-        const __m256 v = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(am + n)));
-        _mm256_storeu_ps(ym + n, _mm256_mul_ps(_mm256_mul_ps(v, r), _mm256_loadu_ps(cp + n)));
-      }
+      for (; n + 8 <= N; n += 8) _mm256_storeu_ps(ym + n, dequant8(am + n, r, cp + n));
       for (; n < N; ++n) ym[n] = static_cast<float>(am[n]) * rp[m] * cp[n];
     }
   });
@@ -154,10 +158,7 @@ std::vector<at::Tensor> silu_mul_quantize_int8(const at::Tensor& acc, const at::
       __m256 vmax = _mm256_setzero_ps();
       int64_t i = 0;
       for (; i + 8 <= I; i += 8) {
-        const __m256 g = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(
-                                           reinterpret_cast<const __m256i*>(gate + i))), r8), _mm256_loadu_ps(cp + i));
-        const __m256 u = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256(
-                                           reinterpret_cast<const __m256i*>(up + i))), r8), _mm256_loadu_ps(cp + I + i));
+        const __m256 g = dequant8(gate + i, r8, cp + i), u = dequant8(up + i, r8, cp + I + i);
         const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, rowops::exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
         __m256 h = _mm256_mul_ps(_mm256_mul_ps(g, sig), u);
         if (sp) h = _mm256_mul_ps(h, _mm256_loadu_ps(sp + i));
@@ -219,8 +220,7 @@ std::vector<at::Tensor> dequant_add_rms_norm_quantize_int8(const at::Tensor& acc
       const int32_t* am = ap + m * N;
       float* rr = res + m * N;
       for (int64_t n = 0; n < N; n += 8) {
-        const __m256 v = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(am + n)));
-        __m256 y = _mm256_mul_ps(_mm256_mul_ps(v, r), _mm256_loadu_ps(cp + n));
+        __m256 y = dequant8(am + n, r, cp + n);
         asm("" : "+x"(y));  // keeps the compiler from contracting the product and the add into one FMA
         _mm256_storeu_ps(rr + n, _mm256_add_ps(_mm256_loadu_ps(rr + n), y));
       }
@@ -232,10 +232,6 @@ std::vector<at::Tensor> dequant_add_rms_norm_quantize_int8(const at::Tensor& acc
   });
   return {q, scales};
 }
-
-}  // namespace servelab
-
-namespace servelab {
 
 // Per row, the index of the largest acc * row_scale * col_scale, computed as dequantize_rows_int32 computes each
 // value (the same two fp32 products), the first one where several are equal (as torch's and numpy's argmax):
@@ -261,8 +257,7 @@ at::Tensor argmax_rows_int32(const at::Tensor& acc, const at::Tensor& row_scales
       __m256i best_col = _mm256_setzero_si256(), col = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
       int64_t n = 0;
       for (; n + 8 <= N; n += 8) {
-        const __m256 v = _mm256_cvtepi32_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(am + n)));
-        const __m256 y = _mm256_mul_ps(_mm256_mul_ps(v, r), _mm256_loadu_ps(cp + n));
+        const __m256 y = dequant8(am + n, r, cp + n);
         const __m256 greater = _mm256_cmp_ps(y, best, _CMP_GT_OQ);
         best = _mm256_blendv_ps(best, y, greater);
         best_col = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(best_col), _mm256_castsi256_ps(col), greater));
