@@ -136,20 +136,20 @@ class ModelExecutor:
                     sampled_reqs.append(s)
             sampled = {}
             rows = [self._rows[s.request_id] for s in sampled_reqs]
-            tokens = None
-            if rows and plain_greedy(rows) and hasattr(self.model, "greedy_tokens"):
-                # argmaxes straight from the head where the model has them (a W8A8 head: no fp32 logits)
-                tokens = self.model.greedy_tokens(hidden[last_rows])
-            if tokens is not None:
-                tokens = [SampledToken(t) for t in tokens.tolist()]
-            elif rows:
-                # Every rank computes its vocabulary slice; only the first rank gets logits back, and samples.
-                logits = self.model.compute_logits(hidden[last_rows])
-                tokens = None if logits is None else self.sampler(logits, rows)
-            for s, row_state, token in zip(sampled_reqs, rows, tokens or ()):
+            for s, row_state, token in zip(sampled_reqs, rows, self._sample(hidden[last_rows], rows) if rows else ()):
                 row_state.output_token_ids.append(token.token_id)
                 sampled[s.request_id] = token
         return StepResult(sampled=sampled, duration=time.perf_counter() - start)
+
+    def _sample(self, hidden: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+        """One token per row of hidden; none on a rank that gets no logits back."""
+        if plain_greedy(rows):
+            tokens = self.model.greedy_tokens(hidden)  # a W8A8 head's argmaxes, without fp32 logits
+            if tokens is not None:
+                return [SampledToken(t) for t in tokens.tolist()]
+        # Every rank computes its vocabulary slice; only the first rank gets logits back, and samples.
+        logits = self.model.compute_logits(hidden)
+        return [] if logits is None else self.sampler(logits, rows)
 
     def prompt_logits(self, token_ids: list[int], step_tokens: int | None = None) -> torch.Tensor:
         """(len(token_ids), vocab) fp32 logits at every position of one sequence, prefilled over the

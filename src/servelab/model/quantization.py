@@ -164,9 +164,7 @@ class Int8Weight:
         rows: the LM head of a greedy step (servelab's kernels)."""
         from servelab.kernels import cpu_ops
 
-        ops = cpu_ops()
-        x_q, x_scale = ops.quantize_rows_int8(x.reshape(-1, x.shape[-1]).float(), self.inv_smooth)
-        return ops.argmax_rows_int32(int8_matmul(x_q, self.qweight), x_scale, self.scale)
+        return cpu_ops().argmax_rows_int32(*self.matmul_int32(x.reshape(-1, x.shape[-1]).float()), self.scale)
 
     def linear_int8(self, x_q: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
         """Already-quantized rows (M, K) int8 with scales (M, 1) times the weight: fp32 (M, N)."""
