@@ -5,8 +5,9 @@ roofline": what is left between the step and its GEMMs).
    64), one thread, the same cache every call (4 MB: mostly from cache): ms per call, ns per (token, KV head).
 2. gemm: the 30 layers' four int8 matrices at M = 64 through torch._int_mm, every layer its own weights (they
    stream from DRAM, as in a step) against one layer's weights 30 times (from cache).
-3. prefetch: engine decode steps at batch 64 (W8A8, int8 KV), the attention prefetching the layer's next matrices
-   on one step and not on the next, alternating in one process: median step and median _int_mm time per step.
+3. prefetch: engine decode steps at batch 64 (W8A8, int8 KV, all layers in one call), the attention prefetching the
+   layer's next matrices on one step and not on the next (the model's prefetch_weights), alternating in one
+   process: the median step of each.
 
 Usage: python benchmarks/decode_step_parts.py [--parts attention,gemm,prefetch] [--out FILE]
 Run it on a quiet machine; this VM's speed drifts by tens of percent between minutes, so each part compares its
@@ -75,28 +76,12 @@ def gemm_part(m: int = 64, layers: int = 30, repeats: int = 3) -> dict:
 
 def prefetch_part(batch: int = 64, rounds: int = 3) -> dict:
     from servelab.llm import LLM
-    from servelab.model import llama
     from servelab.sampling_params import SamplingParams
 
     llm = LLM(quantization="int8", max_num_seqs=batch, max_num_batched_tokens=1024, kv_cache_dtype="int8")
     engine = llm.engine
-    original = llama.DecoderLayer._attention_fused
-    state = {"on": True, "mm": 0.0}
-
-    def attention(self, qkv, positions, rope, kv_cache, meta, ops, prefetch=()):
-        return original(self, qkv, positions, rope, kv_cache, meta, ops, prefetch if state["on"] else ())
-
-    int_mm = torch._int_mm
-
-    def timed_int_mm(a, b):
-        start = time.perf_counter()
-        result = int_mm(a, b)
-        state["mm"] += time.perf_counter() - start
-        return result
-
+    model = engine.executor.model
     steps = {True: [], False: []}
-    matmuls = {True: [], False: []}
-    llama.DecoderLayer._attention_fused, torch._int_mm = attention, timed_int_mm
     try:
         for r in range(rounds):
             rng = random.Random(r)
@@ -106,17 +91,16 @@ def prefetch_part(batch: int = 64, rounds: int = 3) -> dict:
                 engine.add_request(engine.input_processor.process_inputs(engine.new_request_id(), prompt, params))
             i = 0
             while engine.has_unfinished_requests():
-                state["on"], state["mm"] = i % 2 == 0, 0.0
+                model.prefetch_weights = i % 2 == 0
                 engine.step()
-                i += 1
                 s = engine.last_step_stats
                 if r and s is not None and s.num_prefill_tokens == 0 and s.num_decode_requests == batch:
-                    steps[state["on"]].append(s.duration * 1e3)
-                    matmuls[state["on"]].append(state["mm"] * 1e3)
+                    steps[model.prefetch_weights].append(s.duration * 1e3)
+                i += 1
     finally:
-        llama.DecoderLayer._attention_fused, torch._int_mm = original, int_mm
-    return {("on" if k else "off"): {"steps": len(steps[k]), "step_ms": statistics.median(steps[k]),
-                                    "int_mm_ms": statistics.median(matmuls[k])} for k in (True, False)}
+        model.prefetch_weights = True
+    return {("on" if k else "off"): {"steps": len(steps[k]), "step_ms": statistics.median(steps[k])}
+            for k in (True, False)}
 
 
 def main() -> None:

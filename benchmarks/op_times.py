@@ -4,7 +4,8 @@ The burst (64 requests of 128 random prompt tokens, 64 output tokens, ignore_eos
 12 steps (the prompts' prefill, mixed with the first decodes) and then times 5 decode steps at batch 64, or,
 with `prefill`, a warm-up burst first and then the first 4 steps of a fresh one (1,024 prompt tokens each). Prints
 ms per step by op; "rest" is Python, sampling and everything not wrapped. A W8A8 decode step is timed on the
-layer-by-layer path (the engine's one-call path runs the same ops from C++, out of a timer's reach).
+layer-by-layer path (the engine's one-call path runs the same ops from C++, out of a timer's reach, and prefetches
+the next matrices during attention, which the layer-by-layer path does not).
 
     python benchmarks/op_times.py [int8|gguf|none] [batch] [decode|prefill] [auto|int8 (--kv-cache-dtype)]
 """

@@ -30,7 +30,8 @@ std::vector<at::Tensor> w8a8_decode_layers(const at::Tensor& x, const std::vecto
                                            const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
                                            int64_t num_heads, int64_t num_kv_heads,
                                            const std::vector<at::Tensor>& kv_caches, const at::Tensor& slot_mapping,
-                                           const at::Tensor& block_tables, const at::Tensor& context_lens, double eps) {
+                                           const at::Tensor& block_tables, const at::Tensor& context_lens, double eps,
+                                           bool prefetch_weights) {
   TORCH_CHECK(!layers.empty() && layers.size() == kv_caches.size(), "w8a8_decode_layers: one KV cache per layer");
   for (const auto& t : layers) TORCH_CHECK(t.size() == 14, "w8a8_decode_layers: 14 tensors a layer");
   at::Tensor residual = x;
@@ -46,8 +47,10 @@ std::vector<at::Tensor> w8a8_decode_layers(const at::Tensor& x, const std::vecto
     at::Tensor kv_cache = kv_caches[i];
     rope_and_cache_(qkv_rows, positions, cos, sin, num_heads, num_kv_heads, kv_cache, slot_mapping);
     const int64_t head_dim = qkv_rows.size(1) / (num_heads + 2 * num_kv_heads);
-    std::vector<at::Tensor> prefetch{o.w, gate_up.w, down.w};
-    if (i + 1 < layers.size()) prefetch.push_back(layers[i + 1][2]);
+    // the matrices that run next, pulled into cache while attention computes (their GEMMs wait less on DRAM)
+    std::vector<at::Tensor> prefetch;
+    if (prefetch_weights) prefetch = {o.w, gate_up.w, down.w};
+    if (prefetch_weights && i + 1 < layers.size()) prefetch.push_back(layers[i + 1][2]);
     at::Tensor attn = paged_decode_attention(qkv_rows.narrow(1, 0, num_heads * head_dim), kv_cache, block_tables,
                                              context_lens, num_heads, prefetch);
     std::vector<at::Tensor> aq = quantize_rows_int8(attn, o.inv_smooth);

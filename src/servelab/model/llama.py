@@ -135,17 +135,15 @@ class DecoderLayer(nn.Module):
         return x, residual
 
     def _attention_fused(self, qkv: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
-                         kv_cache: torch.Tensor, meta: AttentionMetadata, ops,
-                         prefetch: list[torch.Tensor] | tuple = ()) -> torch.Tensor:
-        """RoPE and the KV-cache write in place on qkv, then paged attention of its q rows: (tokens, q_size).
-        prefetch: the matrices that run next, pulled into cache while a decode step's attention computes."""
+                         kv_cache: torch.Tensor, meta: AttentionMetadata, ops) -> torch.Tensor:
+        """RoPE and the KV-cache write in place on qkv, then paged attention of its q rows: (tokens, q_size)."""
         ops.rope_and_cache_(qkv, positions, rope.cos, rope.sin, self.num_heads, self.num_kv_heads, kv_cache,
                             meta.slot_mapping)
         q = qkv[:, :self.q_size]
         num_decode = meta.num_decode_tokens
         if not meta.prefills:
             return ops.paged_decode_attention(q, kv_cache, meta.decode_block_tables, meta.decode_context_lens,
-                                              self.num_heads, list(prefetch))
+                                              self.num_heads)
         attn = torch.empty(q.shape, dtype=q.dtype)
         if num_decode:
             attn[:num_decode] = ops.paged_decode_attention(
@@ -159,14 +157,13 @@ class DecoderLayer(nn.Module):
         return attn
 
     def forward_w8a8(self, x, residual: torch.Tensor | None, positions: torch.Tensor, rope: RotaryEmbedding,
-                     kv_cache: torch.Tensor, meta: AttentionMetadata, ops, norms: tuple[torch.Tensor, torch.Tensor],
-                     next_qkv: torch.Tensor | None = None):
+                     kv_cache: torch.Tensor, meta: AttentionMetadata, ops, norms: tuple[torch.Tensor, torch.Tensor]):
         """forward_fused for a layer whose four matrices are all Int8Weight (one rank, no qkv bias), with
         the same results bit for bit: between two matrices, de-quantization, the residual add, the norm and
         the next quantization are one call (dequant_add_rms_norm_quantize_int8). x enters as the previous
         layer's down_proj accumulators (acc, row scales, column scales), or as the embeddings before the
-        first layer, and leaves as this layer's. A decode step's attention prefetches the layer's other three
-        matrices and next_qkv (the next layer's first): from DRAM their GEMMs ran ~30% slower at batch 64."""
+        first layer, and leaves as this layer's. A decode-only step runs all layers at once instead
+        (ops.w8a8_decode_layers, the same ops from C++)."""
         qkv_w, o_w = self.qkv_proj.quantized, self.o_proj.quantized
         gate_up, down = self.gate_up_proj.quantized, self.down_proj.quantized
         if residual is None:
@@ -174,8 +171,7 @@ class DecoderLayer(nn.Module):
             x_q, x_scale = ops.quantize_rows_int8(ops.rms_norm(x, norms[0], self.eps), qkv_w.inv_smooth)
         else:
             x_q, x_scale = ops.dequant_add_rms_norm_quantize_int8(*x, residual, norms[0], self.eps, qkv_w.inv_smooth)
-        prefetch = [o_w.qweight, gate_up.qweight, down.qweight] + ([] if next_qkv is None else [next_qkv])
-        attn = self._attention_fused(qkv_w.linear_int8(x_q, x_scale), positions, rope, kv_cache, meta, ops, prefetch)
+        attn = self._attention_fused(qkv_w.linear_int8(x_q, x_scale), positions, rope, kv_cache, meta, ops)
         acc, a_scale = o_w.matmul_int32(attn)
         x_q, x_scale = ops.dequant_add_rms_norm_quantize_int8(acc, a_scale, o_w.scale, residual, norms[1], self.eps,
                                                               gate_up.inv_smooth)
@@ -214,6 +210,9 @@ class LlamaForCausalLM(nn.Module):
         self._fused_norms: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._decode_runner = None  # the fused path's single-sequence decode step, set by load_weights
         self._w8a8_layers = None  # every layer's W8A8 tensors for one-call decode steps, set by quantize_int8
+        # In a one-call W8A8 decode step each layer's attention prefetches the matrices that run after it: from
+        # DRAM their GEMMs took ~30% longer at batch 64 (benchmarks/decode_step_parts.py turns it off to compare).
+        self.prefetch_weights = True
         self.rope = RotaryEmbedding(config, max_positions, self.compute_dtype)
 
     @property
@@ -256,17 +255,14 @@ class LlamaForCausalLM(nn.Module):
             acc, row_scales, col_scales, residual = self.ops.w8a8_decode_layers(
                 x, self._w8a8_layers, positions, self.rope.cos, self.rope.sin, first.num_heads, first.num_kv_heads,
                 kv_caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
-                self.config.rms_norm_eps)
+                self.config.rms_norm_eps, self.prefetch_weights)
             x = self.ops.dequantize_rows_int32(acc, row_scales, col_scales)
             self.ops.add_rms_norm_(x, residual, self._final_norm, self.config.rms_norm_eps)
             return x
         residual = None
-        for i, (layer, kv_cache, norms) in enumerate(zip(self.layers, kv_caches, self._fused_norms)):
+        for layer, kv_cache, norms in zip(self.layers, kv_caches, self._fused_norms):
             if layer.is_w8a8 and (residual is None or isinstance(x, tuple)):
-                following = self.layers[i + 1].qkv_proj.quantized if i + 1 < len(self.layers) else None
-                next_qkv = following.qweight if isinstance(following, Int8Weight) else None
-                x, residual = layer.forward_w8a8(x, residual, positions, self.rope, kv_cache, meta, self.ops, norms,
-                                                 next_qkv)
+                x, residual = layer.forward_w8a8(x, residual, positions, self.rope, kv_cache, meta, self.ops, norms)
                 continue
             if isinstance(x, tuple):  # a W8A8 layer's down_proj accumulators
                 x = self.ops.dequantize_rows_int32(*x)
