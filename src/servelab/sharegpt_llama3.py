@@ -44,20 +44,28 @@ COPULA_RHO = -0.2425
 _REFERENCE_DRAWS, _REFERENCE_SEED = 200_000, 12
 
 
-def lengths(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """n (prompt, output) pairs that pass the samplers' filter."""
+def filtered(n: int, draw) -> tuple[np.ndarray, np.ndarray]:
+    """n (prompt, output) pairs that pass the samplers' filter, from draw(batch) -> (prompts, outputs) int arrays
+    called until enough pass."""
     prompts, outputs, have = [], [], 0
     while have < n:
-        batch = max(64, 2 * (n - have))
-        z = rng.standard_normal((2, batch))
-        z_out = COPULA_RHO * z[0] + np.sqrt(1 - COPULA_RHO ** 2) * z[1]
-        p = np.rint(np.interp(z[0], NORMAL_SCORES, PROMPT_LENS)).astype(np.int64)
-        o = np.rint(np.interp(z_out, NORMAL_SCORES, OUTPUT_LENS)).astype(np.int64)
+        p, o = draw(max(64, 2 * (n - have)))
         keep = (p >= MIN_LEN) & (o >= MIN_LEN) & (p <= MAX_PROMPT_LEN) & (p + o <= MAX_TOTAL_LEN)
         prompts.append(p[keep])
         outputs.append(o[keep])
         have += int(keep.sum())
     return np.concatenate(prompts)[:n], np.concatenate(outputs)[:n]
+
+
+def lengths(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """n (prompt, output) pairs that pass the samplers' filter."""
+    def draw(batch: int) -> tuple[np.ndarray, np.ndarray]:
+        z = rng.standard_normal((2, batch))
+        z_out = COPULA_RHO * z[0] + np.sqrt(1 - COPULA_RHO ** 2) * z[1]
+        return (np.rint(np.interp(z[0], NORMAL_SCORES, PROMPT_LENS)).astype(np.int64),
+                np.rint(np.interp(z_out, NORMAL_SCORES, OUTPUT_LENS)).astype(np.int64))
+
+    return filtered(n, draw)
 
 
 @cache

@@ -37,10 +37,9 @@ DEFAULT_NUM_PREFIXES = 10
 
 # ShareGPT-like lengths: lognormal fits to ShareGPT V3 conversations (first turn, Llama tokenizer):
 # mean prompt ~160 tokens, mean output ~340 tokens, long right tails. Filtered like vLLM's ShareGPT
-# sampler: both lengths >= 4, prompt <= 1024, prompt + output <= 2048.
+# sampler (sharegpt_llama3.filtered): both lengths >= 4, prompt <= 1024, prompt + output <= 2048.
 SHAREGPT_PROMPT_MU, SHAREGPT_PROMPT_SIGMA = 4.63, 1.05
 SHAREGPT_OUTPUT_MU, SHAREGPT_OUTPUT_SIGMA = 5.51, 0.90
-SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT_LEN, SHAREGPT_MAX_TOTAL_LEN = 4, 1024, 2048
 # sharegpt-llama3: ShareGPT V3 as vLLM's and SGLang's benchmark samplers read it with Llama 3's tokenizer, drawn
 # from the dataset's measured lengths (sharegpt_llama3.py).
 
@@ -182,17 +181,11 @@ def _uniform_lengths(length: int, range_ratio: float, n: int, rng: np.random.Gen
 
 
 def _sharegpt_like_lengths(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    prompts, outputs, have = [], [], 0
-    while have < n:
-        batch = max(64, 2 * (n - have))
-        p = np.rint(rng.lognormal(SHAREGPT_PROMPT_MU, SHAREGPT_PROMPT_SIGMA, batch)).astype(np.int64)
-        o = np.rint(rng.lognormal(SHAREGPT_OUTPUT_MU, SHAREGPT_OUTPUT_SIGMA, batch)).astype(np.int64)
-        keep = ((p >= SHAREGPT_MIN_LEN) & (o >= SHAREGPT_MIN_LEN) & (p <= SHAREGPT_MAX_PROMPT_LEN)
-                & (p + o <= SHAREGPT_MAX_TOTAL_LEN))
-        prompts.append(p[keep])
-        outputs.append(o[keep])
-        have += int(keep.sum())
-    return np.concatenate(prompts)[:n], np.concatenate(outputs)[:n]
+    def draw(batch: int) -> tuple[np.ndarray, np.ndarray]:
+        return (np.rint(rng.lognormal(SHAREGPT_PROMPT_MU, SHAREGPT_PROMPT_SIGMA, batch)).astype(np.int64),
+                np.rint(rng.lognormal(SHAREGPT_OUTPUT_MU, SHAREGPT_OUTPUT_SIGMA, batch)).astype(np.int64))
+
+    return sharegpt_llama3.filtered(n, draw)  # the same filter as vLLM's sampler
 
 
 def sample_arrival_times(num_requests: int, request_rate: float, burstiness: float,
