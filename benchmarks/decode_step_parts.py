@@ -3,13 +3,15 @@ roofline": what is left between the step and its GEMMs).
 
 1. attention: one layer's int8-KV decode attention, 64 sequences x 160 tokens (SmolLM2's 9 query / 3 KV heads of
    64), one thread, the same cache every call (4 MB: mostly from cache): ms per call, ns per (token, KV head).
+   attention-dram: the same shape on all threads, 30 layers' caches in turn (KV from DRAM, as in a step), int8 and
+   bf16 KV, with and without the side prefetch of the next matrices, against one layer's cache repeated.
 2. gemm: the 30 layers' four int8 matrices at M = 64 through torch._int_mm, every layer its own weights (they
    stream from DRAM, as in a step) against one layer's weights 30 times (from cache).
 3. prefetch: engine decode steps at batch 64 (W8A8, int8 KV, all layers in one call), the attention prefetching the
    layer's next matrices on one step and not on the next (the model's prefetch_weights), alternating in one
    process: the median step of each.
 
-Usage: python benchmarks/decode_step_parts.py [--parts attention,gemm,prefetch] [--out FILE]
+Usage: python benchmarks/decode_step_parts.py [--parts attention,attention-dram,gemm,prefetch] [--out FILE]
 Run it on a quiet machine; this VM's speed drifts by tens of percent between minutes, so each part compares its
 two sides within the same run.
 """
@@ -49,6 +51,42 @@ def attention_part(calls: int = 1500) -> dict:
     finally:
         torch.set_num_threads(threads)
     return {"ms_per_layer": seconds * 1e3, "ns_per_token_kv_head": seconds / (batch * kv_heads * ctx) * 1e9}
+
+
+def attention_dram_part(rounds: int = 10, layers: int = 30) -> dict:
+    """One decode step's attention as the engine runs it: 30 layers' caches (each layer's KV from DRAM; 4.2 MB a
+    layer at int8, 7.9 MB at bf16), 64 sequences x 160 tokens in consecutive blocks, the machine's threads, with and
+    without the 3.5 MB of next matrices that the one-call step prefetches alongside; against one layer's cache
+    every call (from cache). ms per layer call, median of the rounds."""
+    from servelab.kernels import cpu_ops
+    from servelab.model.attention import quantize_kv
+
+    ops = cpu_ops()
+    batch, ctx, block, kv_heads, head_dim, heads = 64, 160, 16, 3, 64, 9
+    blocks = -(-ctx // block)
+    tables = torch.arange(batch * blocks).view(batch, blocks)
+    lens = torch.full((batch,), ctx, dtype=torch.long)
+    torch.manual_seed(0)
+    q = torch.randn(batch, heads * head_dim)
+    shapes = [(576, 960), (576, 576), (576, 3072), (1536, 576)]
+    weights = [[torch.randint(-127, 127, (n, k), dtype=torch.int8) for k, n in shapes] for _ in range(layers)]
+    out = {}
+    for kv in ("int8", "bfloat16"):
+        raw = [torch.randn(2, batch * blocks + 8, block, kv_heads, head_dim) for _ in range(layers)]
+        caches = [quantize_kv(c) if kv == "int8" else c.to(torch.bfloat16) for c in raw]
+        del raw
+        runs = {"dram": (range(layers), False), "dram+prefetch": (range(layers), True), "cache": ([0] * layers, False)}
+        times = {name: [] for name in runs}
+        for _ in range(rounds):
+            for name, (order, side) in runs.items():
+                start = time.perf_counter()
+                for layer in order:
+                    ops.paged_decode_attention(q, caches[layer], tables, lens, heads,
+                                               weights[(layer + 1) % layers] if side else [])
+                times[name].append((time.perf_counter() - start) / layers * 1e3)
+        out[kv] = {name: {"ms_per_layer": statistics.median(v)} for name, v in times.items()}
+    out["threads"] = torch.get_num_threads()
+    return out
 
 
 def gemm_part(m: int = 64, layers: int = 30, repeats: int = 3) -> dict:
@@ -108,7 +146,8 @@ def main() -> None:
     parser.add_argument("--parts", default="attention,gemm,prefetch")
     parser.add_argument("--out", default="benchmarks/results/decode_step_parts.json")
     args = parser.parse_args()
-    parts = {"attention": attention_part, "gemm": gemm_part, "prefetch": prefetch_part}
+    parts = {"attention": attention_part, "attention-dram": attention_dram_part, "gemm": gemm_part,
+             "prefetch": prefetch_part}
     result = {"command": f"python benchmarks/decode_step_parts.py --parts {args.parts}",
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": os.getloadavg()}
     for name in args.parts.split(","):
