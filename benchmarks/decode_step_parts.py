@@ -120,6 +120,7 @@ def prefetch_part(batch: int = 64, rounds: int = 3) -> dict:
     engine = llm.engine
     model = engine.executor.model
     steps = {True: [], False: []}
+    default = model.prefetch_weights
     try:
         for r in range(rounds):
             rng = random.Random(r)
@@ -136,7 +137,7 @@ def prefetch_part(batch: int = 64, rounds: int = 3) -> dict:
                     steps[model.prefetch_weights].append(s.duration * 1e3)
                 i += 1
     finally:
-        model.prefetch_weights = True
+        model.prefetch_weights = default
     return {("on" if k else "off"): {"steps": len(steps[k]), "step_ms": statistics.median(steps[k])}
             for k in (True, False)}
 

@@ -114,6 +114,8 @@ def test_int8_fused_layer_is_the_op_by_op_layer(default_model_dir, monkeypatch):
     monkeypatch.setattr(model, "ops", counting)
     one_call = run()
     assert counting.calls >= 7  # the decode steps after each prompt's prefill
+    monkeypatch.setattr(model, "prefetch_weights", not model.prefetch_weights)  # the other side of the switch
+    assert run() == one_call
     calls = counting.calls
     monkeypatch.setattr(model, "_w8a8_layers", None)
     layer_by_layer = run()

@@ -210,9 +210,11 @@ class LlamaForCausalLM(nn.Module):
         self._fused_norms: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._decode_runner = None  # the fused path's single-sequence decode step, set by load_weights
         self._w8a8_layers = None  # every layer's W8A8 tensors for one-call decode steps, set by quantize_int8
-        # In a one-call W8A8 decode step each layer's attention prefetches the matrices that run after it: from
-        # DRAM their GEMMs took ~30% longer at batch 64 (benchmarks/decode_step_parts.py turns it off to compare).
-        self.prefetch_weights = True
+        # True: in a one-call W8A8 decode step each layer's attention prefetches the matrices that run after it
+        # (from DRAM their GEMMs take ~30% longer at batch 64). Off: since decode attention prefetches its K rows
+        # into L2, the two compete for misses in flight and the step measured no faster with it (int8 KV) or
+        # ~2.8 ms slower (bf16 KV); benchmarks/decode_step_parts.py --parts prefetch compares the two.
+        self.prefetch_weights = False
         self.rope = RotaryEmbedding(config, max_positions, self.compute_dtype)
 
     @property
