@@ -48,7 +48,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"), pybind11::arg("layers"), pybind11::arg("positions"), pybind11::arg("cos"),
         pybind11::arg("sin"), pybind11::arg("num_heads"), pybind11::arg("num_kv_heads"), pybind11::arg("kv_caches"),
         pybind11::arg("slot_mapping"), pybind11::arg("block_tables"), pybind11::arg("context_lens"),
-        pybind11::arg("eps"), pybind11::arg("prefetch_weights") = true,
+        pybind11::arg("eps"), pybind11::arg("prefetch_weights"), pybind11::arg("int_mm_min_rows"),
         pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::class_<servelab::DecodeRunner>(m, "DecodeRunner", "one sequence's decode step in one call")
       .def(pybind11::init<at::Tensor, int64_t, at::Tensor, int64_t, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t,

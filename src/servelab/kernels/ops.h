@@ -51,13 +51,14 @@ std::vector<at::Tensor> dequant_add_rms_norm_quantize_int8(const at::Tensor& acc
 // layer by layer (w8a8_layers.cpp). x: the embeddings (T, hidden) fp32, also the residual, updated in place;
 // layers: per layer {input_norm, post_norm, then for qkv, o, gate_up, down: int8 weight (N, K), scales (N,),
 // inverse smoothing (K,) or an empty tensor}. Returns the last down_proj's {acc, row scales, column scales}
-// and the residual. prefetch_weights: each layer's attention prefetches the matrices that run after it.
+// and the residual. prefetch_weights: each layer's attention prefetches the matrices that run after it;
+// int_mm_min_rows: from how many rows a GEMM goes to at::_int_mm (quantization.py's INT_MM_MIN_ROWS).
 std::vector<at::Tensor> w8a8_decode_layers(const at::Tensor& x, const std::vector<std::vector<at::Tensor>>& layers,
                                            const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin,
                                            int64_t num_heads, int64_t num_kv_heads,
                                            const std::vector<at::Tensor>& kv_caches, const at::Tensor& slot_mapping,
                                            const at::Tensor& block_tables, const at::Tensor& context_lens, double eps,
-                                           bool prefetch_weights);
+                                           bool prefetch_weights, int64_t int_mm_min_rows);
 
 // A Llama-family decoder (bf16 or GGUF weights, bf16 or int8 KV cache) run one token of one sequence at a time:
 // forward() is the whole decode step up to the final norm, in one parallel region, and logits()

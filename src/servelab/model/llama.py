@@ -19,7 +19,7 @@ from servelab.kernels import cpu_ops
 from servelab.model.attention import INT8_SCALE_BYTES, AttentionMetadata, paged_attention, prefill_attention, write_kv
 from servelab.model.layers import (ColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RowParallelLinear,
                                    VocabParallelEmbedding, compute_dtype)
-from servelab.model.quantization import QUANTIZATION_METHODS, GGUFWeight, Int8Weight, int8_matmul
+from servelab.model.quantization import INT_MM_MIN_ROWS, QUANTIZATION_METHODS, GGUFWeight, Int8Weight, int8_matmul
 from servelab.model.smooth_quant import SMOOTHQUANT_ALPHA, smoothing_factors
 
 BF16 = 30  # ggml's type id, which DecodeRunner takes for bf16 matrices
@@ -257,7 +257,7 @@ class LlamaForCausalLM(nn.Module):
             acc, row_scales, col_scales, residual = self.ops.w8a8_decode_layers(
                 x, self._w8a8_layers, positions, self.rope.cos, self.rope.sin, first.num_heads, first.num_kv_heads,
                 kv_caches, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
-                self.config.rms_norm_eps, self.prefetch_weights)
+                self.config.rms_norm_eps, self.prefetch_weights, INT_MM_MIN_ROWS)
             x = self.ops.dequantize_rows_int32(acc, row_scales, col_scales)
             self.ops.add_rms_norm_(x, residual, self._final_norm, self.config.rms_norm_eps)
             return x
