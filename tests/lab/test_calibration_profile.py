@@ -234,6 +234,11 @@ def test_gpus_whose_every_point_is_weight_quantized_do_not_stand_for_gpus_withou
     assert defaults["gpus.a10g.memory"] == 0.3  # the GPU keeps its own fit
 
 
+def test_the_shipped_default_gpu_leaves_out_the_quantized_only_a10():
+    fitted = [PUBLIC.values[f"gpus.{gpu}.memory"] for gpu in ("a100-80gb", "h100", "mi300x")]
+    assert PUBLIC.values["gpus.default.memory"] == pytest.approx(math.prod(fitted) ** (1 / 3))
+
+
 def test_the_fit_hands_cross_validation_the_jacobian_at_its_result():
     truth = CalibrationProfile("truth", {"engines.vllm.step_overhead_s": 2e-3, "gpus.h100.memory": 0.6})
     fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "vllm", 1, True)
