@@ -4,14 +4,15 @@ import json
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from servelab.core.plan import ScheduledRequest, StepPlan
 from servelab.errors import FieldError
 from servelab.executor.cost_model import GPU_EFFICIENCY, CostModel, CostModelExecutor
 from servelab.lab.api import DeploymentRequest, SimulateRequest, simulate
-from servelab.lab.calibrate.reference_fit import (candidate_keys, cross_validate, depends, fit, simulate_target,
-                                                 start_value, with_gpu_defaults)
+from servelab.lab.calibrate.reference_fit import (_jacobian, _Problem, candidate_keys, cross_validate, depends, fit,
+                                                 quantized_only_gpus, simulate_target, start_value, with_gpu_defaults)
 from servelab.lab.calibrate.targets import Target, measurement_targets
 from servelab.lab.catalog import get_device, get_model, gpu_ids
 from servelab.lab.catalog.calibration import (BOUNDS, CalibrationProfile, calibration_names, link_kind,
@@ -215,3 +216,41 @@ def test_each_gpu_fits_its_own_gemm_fill_each_engine_its_launches_and_both_start
     l4 = get_device("l4")
     e = CalibrationProfile("t", values).efficiency(l4, "vllm")
     assert CostModel(get_model("llama-3.1-8b"), l4, e).matmul_half_tokens == pytest.approx(100.0 * l4.compute_units / 132)
+
+
+def test_gpus_whose_every_point_is_weight_quantized_do_not_stand_for_gpus_without_data():
+    fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "vllm", 1, True)
+    workload = WorkloadConfig(num_prompts=4, input_len=100, output_len=4)
+    h100 = Target("h", "t", fields, workload, "median_tpot_ms", 1.0)
+    a100 = Target("a", "t", replace(fields, gpu="a100-80gb"), workload, "median_tpot_ms", 1.0)
+    a10 = Target("q", "t", replace(fields, gpu="a10g", quantization="gptq-int4"), workload, "median_tpot_ms", 1.0)
+    assert quantized_only_gpus([h100, a100, a10]) == {"a10g"}
+    # one dense point is enough for the GPU's constants to be the chip's own
+    assert quantized_only_gpus([h100, a10, replace(a10, deployment=replace(a10.deployment, quantization=None))]) == set()
+    values = {"gpus.h100.memory": 0.5, "gpus.a100-80gb.memory": 0.8, "gpus.a10g.memory": 0.3}
+    assert with_gpu_defaults(values)["gpus.default.memory"] == pytest.approx((0.5 * 0.8 * 0.3) ** (1 / 3))
+    defaults = with_gpu_defaults(values, quantized_only_gpus([h100, a100, a10]))
+    assert defaults["gpus.default.memory"] == pytest.approx(math.sqrt(0.5 * 0.8))
+    assert defaults["gpus.a10g.memory"] == 0.3  # the GPU keeps its own fit
+
+
+def test_the_shipped_default_gpu_leaves_out_the_quantized_only_a10():
+    fitted = [PUBLIC.values[f"gpus.{gpu}.memory"] for gpu in ("a100-80gb", "h100", "mi300x")]
+    assert PUBLIC.values["gpus.default.memory"] == pytest.approx(math.prod(fitted) ** (1 / 3))
+
+
+def test_the_fit_hands_cross_validation_the_jacobian_at_its_result():
+    truth = CalibrationProfile("truth", {"engines.vllm.step_overhead_s": 2e-3, "gpus.h100.memory": 0.6})
+    fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "vllm", 1, True)
+    targets = []
+    for rate, out in ((1.0, 40), (4.0, 20)):
+        workload = WorkloadConfig(num_prompts=12, input_len=300, output_len=out, request_rate=rate)
+        probe = Target(f"{rate}", "t", fields, workload, "median_tpot_ms", 1.0)
+        targets.append(replace(probe, value=simulate_target(probe, truth)))
+    keys = ["engines.vllm.step_overhead_s", "gpus.h100.memory"]
+    start = {"engines.vllm.step_overhead_s": 1e-3, "gpus.h100.memory": 0.9}
+    result = fit(targets, start=start, keys=keys, iterations=3, num_prompts=None)
+    # Broyden's secant updates steered the steps; the Jacobian returned is differenced at the result
+    problem = _Problem(targets, keys, {}, result.caps)
+    x = np.log([result.values[k] for k in keys])
+    assert result.jacobian == pytest.approx(_jacobian(problem, x, problem.residuals(x), 0.05))

@@ -45,7 +45,9 @@ def add_calibrate_parser(sub) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from servelab.lab.calibrate.reference_fit import candidate_keys, cross_validate, fit, simulate_target, with_gpu_defaults
+    from servelab.lab.calibrate.excluded import EXCLUDED
+    from servelab.lab.calibrate.reference_fit import (candidate_keys, cross_validate, fit, quantized_only_gpus,
+                                                     simulate_target, with_gpu_defaults)
     from servelab.lab.calibrate.report import fit_report, format_report
     from servelab.lab.calibrate.targets import measurement_targets, reference_targets
     from servelab.lab.catalog.calibration import (DEFAULT_CALIBRATION, CalibrationProfile, load_calibration,
@@ -54,7 +56,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     base = load_calibration(args.calibration or DEFAULT_CALIBRATION)
     if args.reference:
-        from servelab.lab.calibrate.excluded import EXCLUDED
         targets, fixed, keys = reference_targets(EXCLUDED), {}, None
         description = "fitted to servelab's published reference points (servelab lab calibrate --reference)"
     else:
@@ -74,7 +75,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     log(f"fitting {len(keys or candidate_keys(used))} constants to {len(used)} points")
     full = fit(used, start=base.values, keys=keys, iterations=args.iterations, num_prompts=args.fit_num_prompts,
                fixed=fixed, progress=log)
-    values = with_gpu_defaults(full.values)
+    values = with_gpu_defaults(full.values, quantized_only_gpus(used + reference_targets(EXCLUDED)))
     log("full fit: " + json.dumps(values))
     k = max(2, min(args.folds, len(used)))
     held_out = cross_validate(targets, full, k=k, iterations=args.fold_iterations, num_prompts=args.fit_num_prompts,

@@ -76,11 +76,22 @@ def start_value(start: dict[str, float], key: str) -> float:
     return start.get(f"constants.{key.rsplit('.', 1)[1]}", prior(key))
 
 
-def with_gpu_defaults(values: dict[str, float]) -> dict[str, float]:
-    """Adds gpus.default.<field>: the geometric mean over the fitted GPUs, for GPUs with no data."""
+def quantized_only_gpus(targets: list[Target]) -> frozenset[str]:
+    """GPUs whose every point runs a weight-only quantized checkpoint (the A10s of the Mooncake runs: GPTQ
+    int4, dequantized inside vLLM's GEMM kernels). Their fitted constants carry those kernels' efficiency
+    along with the chip's, and the data cannot tell the two apart (no point has the same GPU both ways), so
+    they are left out of what stands for GPUs without data (gpus.default)."""
+    dense = {t.gpu for t in targets if not t.deployment.quantization}
+    return frozenset(t.gpu for t in targets if t.gpu not in dense)
+
+
+def with_gpu_defaults(values: dict[str, float], leave_out: frozenset[str] = frozenset()) -> dict[str, float]:
+    """Adds gpus.default.<field>: the geometric mean over the fitted GPUs but those left out, for GPUs with
+    no data."""
     out = {k: v for k, v in values.items() if not k.startswith("gpus.default.")}
     for name in GPU_FIELDS:
-        fitted = [v for k, v in out.items() if k.startswith("gpus.") and k.endswith(f".{name}")]
+        fitted = [v for k, v in out.items() if k.startswith("gpus.") and k.endswith(f".{name}")
+                  and k.split(".")[1] not in leave_out]
         if fitted:
             out[f"gpus.default.{name}"] = float(math.exp(sum(map(math.log, fitted)) / len(fitted)))
     return out
@@ -176,8 +187,11 @@ def fit(targets: list[Target], start: dict[str, float] | None = None, keys: list
             continue
         if stalled or float(np.max(np.abs(g))) < 1e-6:
             break
-    return FitResult({**(fixed or {}), **_values(keys, x)}, cost, it, keys,
-                     J if J is not None else _jacobian(problem, x, r, h), caps, log)
+    if J is None or (jacobian is None and not fresh):
+        # Broyden's secants steer steps but drift from the derivative at the fit; cross-validation's folds
+        # take Gauss-Newton steps from here with this Jacobian, so it is differenced afresh at the fit
+        J = _jacobian(problem, x, r, h)
+    return FitResult({**(fixed or {}), **_values(keys, x)}, cost, it, keys, J, caps, log)
 
 
 def _values(keys: list[str], x: np.ndarray) -> dict[str, float]:
@@ -233,7 +247,8 @@ def cross_validate(targets: list[Target], full: FitResult, k: int = 5, iteration
                      progress=lambda s, f=fold: progress(f"fold {f + 1}/{k}: {s}"))
         # a constant no training point could see (a GPU only the fold has) keeps its prior, not the full fit's
         profile = CalibrationProfile("fold", with_gpu_defaults(
-            {key: v for key, v in result.values.items() if key in keys or key in (fixed or {})}))
+            {key: v for key, v in result.values.items() if key in keys or key in (fixed or {})},
+            quantized_only_gpus(train)))
         for i in test:
             held_out[i] = simulate_target(targets[i], profile)
     return held_out
