@@ -75,6 +75,23 @@ inline __m256 dequant8(const int32_t* acc, __m256 row_scale, const float* col_sc
   return _mm256_mul_ps(_mm256_mul_ps(v, row_scale), _mm256_loadu_ps(col_scales));
 }
 
+// int32 accumulators (M, N) with their row scales (M,) and column scales (N,), contiguous fp32, as every op
+// here reads them.
+struct ScaledAcc {
+  at::Tensor acc, rows, cols;
+  int64_t M, N;
+  const int32_t* ap() const { return acc.data_ptr<int32_t>(); }
+  const float* rp() const { return rows.data_ptr<float>(); }
+  const float* cp() const { return cols.data_ptr<float>(); }
+};
+
+ScaledAcc scaled_acc(const at::Tensor& acc, const at::Tensor& row_scales, const at::Tensor& col_scales, const char* op) {
+  TORCH_CHECK(acc.dim() == 2 && acc.scalar_type() == at::kInt, op, ": acc must be (M, N) int32");
+  const int64_t M = acc.size(0), N = acc.size(1);
+  TORCH_CHECK(row_scales.numel() == M && col_scales.numel() == N, op, ": scales must be (M,) and (N,)");
+  return {acc.contiguous(), row_scales.to(at::kFloat).contiguous(), col_scales.to(at::kFloat).contiguous(), M, N};
+}
+
 }  // namespace
 
 std::vector<at::Tensor> quantize_rows_int8(const at::Tensor& x_in, const c10::optional<at::Tensor>& inv_smooth) {
@@ -100,16 +117,11 @@ std::vector<at::Tensor> quantize_rows_int8(const at::Tensor& x_in, const c10::op
 }
 
 at::Tensor dequantize_rows_int32(const at::Tensor& acc, const at::Tensor& row_scales, const at::Tensor& col_scales) {
-  TORCH_CHECK(acc.dim() == 2 && acc.scalar_type() == at::kInt, "dequantize_rows_int32: acc must be (M, N) int32");
-  const int64_t M = acc.size(0), N = acc.size(1);
-  TORCH_CHECK(row_scales.numel() == M && col_scales.numel() == N, "dequantize_rows_int32: scales must be (M,) and (N,)");
-  auto a = acc.contiguous();
-  auto rs = row_scales.to(at::kFloat).contiguous();
-  auto cs = col_scales.to(at::kFloat).contiguous();
-  auto y = at::empty({M, N}, a.options().dtype(at::kFloat));
-  const int32_t* ap = a.data_ptr<int32_t>();
-  const float* rp = rs.data_ptr<float>();
-  const float* cp = cs.data_ptr<float>();
+  const ScaledAcc in = scaled_acc(acc, row_scales, col_scales, "dequantize_rows_int32");
+  const int64_t M = in.M, N = in.N;
+  auto y = at::empty({M, N}, in.acc.options().dtype(at::kFloat));
+  const int32_t* ap = in.ap();
+  const float *rp = in.rp(), *cp = in.cp();
   float* yp = y.data_ptr<float>();
   at::parallel_for(0, M, row_grain(N), [&](int64_t b, int64_t e) {
     for (int64_t m = b; m < e; ++m) {
@@ -130,21 +142,15 @@ at::Tensor dequantize_rows_int32(const at::Tensor& acc, const at::Tensor& row_sc
 // (M, I) intermediates, 12 MB each for a 1,024-token step of SmolLM2, never reach memory.
 std::vector<at::Tensor> silu_mul_quantize_int8(const at::Tensor& acc, const at::Tensor& row_scales,
                                                const at::Tensor& col_scales, const c10::optional<at::Tensor>& inv_smooth) {
-  TORCH_CHECK(acc.dim() == 2 && acc.scalar_type() == at::kInt && acc.size(1) % 2 == 0,
-              "silu_mul_quantize_int8: acc must be (M, 2I) int32");
-  const int64_t M = acc.size(0), I = acc.size(1) / 2;
-  TORCH_CHECK(row_scales.numel() == M && col_scales.numel() == 2 * I,
-              "silu_mul_quantize_int8: scales must be (M,) and (2I,)");
-  auto a = acc.contiguous();
-  auto rs = row_scales.to(at::kFloat).contiguous();
-  auto cs = col_scales.to(at::kFloat).contiguous();
+  const ScaledAcc in = scaled_acc(acc, row_scales, col_scales, "silu_mul_quantize_int8");
+  TORCH_CHECK(in.N % 2 == 0, "silu_mul_quantize_int8: acc must be (M, 2I): gate then up");
+  const int64_t M = in.M, I = in.N / 2;
   const at::Tensor smooth = smoothing(inv_smooth, I, "silu_mul_quantize_int8");
   const float* sp = data_or_null(smooth);
-  auto q = at::empty({M, I}, a.options().dtype(at::kChar));
-  auto scales = at::empty({M, 1}, a.options().dtype(at::kFloat));
-  const int32_t* ap = a.data_ptr<int32_t>();
-  const float* rp = rs.data_ptr<float>();
-  const float* cp = cs.data_ptr<float>();
+  auto q = at::empty({M, I}, in.acc.options().dtype(at::kChar));
+  auto scales = at::empty({M, 1}, in.acc.options().dtype(at::kFloat));
+  const int32_t* ap = in.ap();
+  const float *rp = in.rp(), *cp = in.cp();
   int8_t* qp = q.data_ptr<int8_t>();
   float* outs = scales.data_ptr<float>();
   at::parallel_for(0, M, row_grain(2 * I), [&](int64_t b, int64_t e) {
@@ -191,24 +197,18 @@ std::vector<at::Tensor> dequant_add_rms_norm_quantize_int8(const at::Tensor& acc
                                                            const at::Tensor& col_scales, at::Tensor& residual,
                                                            const at::Tensor& weight, double eps,
                                                            const c10::optional<at::Tensor>& inv_smooth) {
-  TORCH_CHECK(acc.dim() == 2 && acc.scalar_type() == at::kInt, "dequant_add_rms_norm_quantize_int8: acc must be (M, N) int32");
-  const int64_t M = acc.size(0), N = acc.size(1);
+  const ScaledAcc in = scaled_acc(acc, row_scales, col_scales, "dequant_add_rms_norm_quantize_int8");
+  const int64_t M = in.M, N = in.N;
   TORCH_CHECK(N % 8 == 0 && residual.is_contiguous() && residual.scalar_type() == at::kFloat &&
                   residual.sizes() == acc.sizes() && weight.numel() == N && weight.scalar_type() == at::kFloat,
               "dequant_add_rms_norm_quantize_int8: residual (M, N) and weight (N,) fp32, N a multiple of 8");
-  TORCH_CHECK(row_scales.numel() == M && col_scales.numel() == N,
-              "dequant_add_rms_norm_quantize_int8: scales must be (M,) and (N,)");
-  auto a = acc.contiguous();
-  auto rs = row_scales.to(at::kFloat).contiguous();
-  auto cs = col_scales.to(at::kFloat).contiguous();
   auto w = weight.contiguous();
   const at::Tensor smooth = smoothing(inv_smooth, N, "dequant_add_rms_norm_quantize_int8");
   const float* sp = data_or_null(smooth);
-  auto q = at::empty({M, N}, a.options().dtype(at::kChar));
-  auto scales = at::empty({M, 1}, a.options().dtype(at::kFloat));
-  const int32_t* ap = a.data_ptr<int32_t>();
-  const float* rp = rs.data_ptr<float>();
-  const float* cp = cs.data_ptr<float>();
+  auto q = at::empty({M, N}, in.acc.options().dtype(at::kChar));
+  auto scales = at::empty({M, 1}, in.acc.options().dtype(at::kFloat));
+  const int32_t* ap = in.ap();
+  const float *rp = in.rp(), *cp = in.cp();
   const float* wp = w.data_ptr<float>();
   float* res = residual.data_ptr<float>();
   int8_t* qp = q.data_ptr<int8_t>();
@@ -237,16 +237,12 @@ std::vector<at::Tensor> dequant_add_rms_norm_quantize_int8(const at::Tensor& acc
 // value (the same two fp32 products), the first one where several are equal (as torch's and numpy's argmax):
 // a greedy step's tokens from the LM head's accumulators, without writing and re-reading fp32 logits.
 at::Tensor argmax_rows_int32(const at::Tensor& acc, const at::Tensor& row_scales, const at::Tensor& col_scales) {
-  TORCH_CHECK(acc.dim() == 2 && acc.scalar_type() == at::kInt, "argmax_rows_int32: acc must be (M, N) int32");
-  const int64_t M = acc.size(0), N = acc.size(1);
-  TORCH_CHECK(N > 0 && row_scales.numel() == M && col_scales.numel() == N, "argmax_rows_int32: scales must be (M,) and (N,)");
-  auto a = acc.contiguous();
-  auto rs = row_scales.to(at::kFloat).contiguous();
-  auto cs = col_scales.to(at::kFloat).contiguous();
-  auto out = at::empty({M}, a.options().dtype(at::kLong));
-  const int32_t* ap = a.data_ptr<int32_t>();
-  const float* rp = rs.data_ptr<float>();
-  const float* cp = cs.data_ptr<float>();
+  const ScaledAcc in = scaled_acc(acc, row_scales, col_scales, "argmax_rows_int32");
+  const int64_t M = in.M, N = in.N;
+  TORCH_CHECK(N > 0, "argmax_rows_int32: no columns");
+  auto out = at::empty({M}, in.acc.options().dtype(at::kLong));
+  const int32_t* ap = in.ap();
+  const float *rp = in.rp(), *cp = in.cp();
   int64_t* op = out.data_ptr<int64_t>();
   at::parallel_for(0, M, 1, [&](int64_t b, int64_t e) {
     for (int64_t m = b; m < e; ++m) {
