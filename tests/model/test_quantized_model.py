@@ -82,7 +82,6 @@ def test_per_token_activation_scales():
     torch.testing.assert_close(weight.linear(x), (q.float() * scale) @ dense.t(), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.skipif(cpu_ops() is None, reason="the fused W8A8 layer needs servelab's CPU ops")
 class _CountingOps:
     """servelab's ops module, counting the calls of one op."""
 
@@ -95,6 +94,7 @@ class _CountingOps:
         return getattr(self._ops, attr)
 
 
+@pytest.mark.skipif(cpu_ops() is None, reason="the fused W8A8 layer needs servelab's CPU ops")
 def test_int8_fused_layer_is_the_op_by_op_layer(default_model_dir, monkeypatch):
     """bf16 + int8 runs a decode step's layers in one C++ call (w8a8_decode_layers) and every other step layer by
     layer through forward_w8a8 (one call between two matrices); both must give the logprobs forward_fused gives
@@ -124,6 +124,7 @@ def test_int8_fused_layer_is_the_op_by_op_layer(default_model_dir, monkeypatch):
     assert run() == one_call
 
 
+@pytest.mark.skipif(cpu_ops() is None, reason="the head's argmax is one of servelab's CPU ops")
 def test_int8_greedy_steps_take_the_heads_argmax_without_logits(default_model_dir, monkeypatch):
     """Greedy requests without logprobs get their tokens from the W8A8 head's accumulators (no fp32 logits): the
     same tokens as sampling from the logits, over prefill and batched decode steps."""
