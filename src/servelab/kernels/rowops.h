@@ -274,6 +274,7 @@ inline void for_head_triples(int64_t group, F&& f) {
 // DRAM (at batch 64 the same GEMMs took ~30% longer from DRAM than from cache). Each attention task takes one slice of
 // the lines [begin, end) of the regions laid end to end, and issues a few per step of its own work (next(n))
 // rather than all at once, where they would fill the miss buffers and stall the attention's own loads.
+// Off by default since the attention's K rows go to L2 (LlamaForCausalLM.prefetch_weights): the two then compete.
 class SidePrefetch {
  public:
   struct Region {
