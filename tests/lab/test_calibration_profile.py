@@ -11,8 +11,9 @@ from servelab.core.plan import ScheduledRequest, StepPlan
 from servelab.errors import FieldError
 from servelab.executor.cost_model import GPU_EFFICIENCY, CostModel, CostModelExecutor
 from servelab.lab.api import DeploymentRequest, SimulateRequest, simulate
-from servelab.lab.calibrate.reference_fit import (_jacobian, _Problem, candidate_keys, cross_validate, depends, fit,
-                                                 quantized_only_gpus, simulate_target, start_value, with_gpu_defaults)
+from servelab.lab.calibrate.reference_fit import (ENGINE_PRIORS, _jacobian, _Problem, candidate_keys, cross_validate,
+                                                 depends, fit, prior, quantized_only_gpus, simulate_target,
+                                                 start_value, with_gpu_defaults)
 from servelab.lab.calibrate.targets import Target, measurement_targets
 from servelab.lab.catalog import get_device, get_model, gpu_ids
 from servelab.lab.catalog.calibration import (BOUNDS, CalibrationProfile, calibration_names, link_kind,
@@ -254,3 +255,24 @@ def test_the_fit_hands_cross_validation_the_jacobian_at_its_result():
     problem = _Problem(targets, keys, {}, result.caps)
     x = np.log([result.values[k] for k in keys])
     assert result.jacobian == pytest.approx(_jacobian(problem, x, problem.residuals(x), 0.05))
+
+
+def test_vllm_overheads_are_pulled_towards_v0s_published_figures_where_the_data_cannot_split_them():
+    # every vLLM reference point ran V0 (0.6.x): its priors are V0's CPU work between steps, other engines'
+    # stay GPU_EFFICIENCY's (V1-era)
+    assert prior("engines.vllm.request_overhead_s") == ENGINE_PRIORS["vllm"]["request_overhead_s"] == 80e-6
+    assert prior("engines.vllm.step_overhead_s") == 4e-3
+    assert prior("engines.sglang.request_overhead_s") == GPU_EFFICIENCY.request_overhead_s
+    # one request at a time: a step's fixed and per-request costs add alike, so the data fix only their sum
+    # and the prior splits it; started at the V1-era split, the fit moves to V0's
+    truth = CalibrationProfile("truth", {"engines.vllm.step_overhead_s": 4e-3,
+                                         "engines.vllm.request_overhead_s": 80e-6, "gpus.h100.memory": 0.6})
+    fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "vllm", 1, True)
+    workload = WorkloadConfig(num_prompts=6, input_len=100, output_len=30, request_rate=0.5)
+    probe = Target("serial", "t", fields, workload, "median_tpot_ms", 1.0)
+    target = replace(probe, value=simulate_target(probe, truth))
+    keys = ["engines.vllm.step_overhead_s", "engines.vllm.request_overhead_s"]
+    start = {"engines.vllm.step_overhead_s": 4e-3 + 80e-6 - 3e-6, "engines.vllm.request_overhead_s": 3e-6}
+    result = fit([target], start=start, keys=keys, iterations=6, num_prompts=None, fixed={"gpus.h100.memory": 0.6})
+    assert result.values["engines.vllm.request_overhead_s"] == pytest.approx(80e-6, rel=0.3)
+    assert result.values["engines.vllm.step_overhead_s"] == pytest.approx(4e-3, rel=0.05)

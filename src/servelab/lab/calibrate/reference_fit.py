@@ -2,10 +2,11 @@
 
 Least squares on log(simulated / measured) (relative errors, symmetric in over- and under-estimates),
 Levenberg-Marquardt in log space of each constant, clipped to its physical bounds (BOUNDS), with a weak
-pull towards the prior (GPU_EFFICIENCY) so that a constant the data cannot see stays where physics puts
-it. Every residual is a full simulation, so the Jacobian re-simulates only the targets a constant can
-move (a GPU's constants move its points, an engine's its points). k-fold cross-validation refits
-without each fold, starting from the full fit, and predicts the fold: the held-out error of every point.
+pull towards the prior (GPU_EFFICIENCY; ENGINE_PRIORS for an engine's own overheads) so that a constant the
+data cannot see stays where physics puts it. Every residual is a full simulation, so the Jacobian
+re-simulates only the targets a constant can move (a GPU's constants move its points, an engine's its
+points). k-fold cross-validation refits without each fold, starting from the full fit, and predicts the
+fold: the held-out error of every point.
 """
 from __future__ import annotations
 
@@ -61,10 +62,21 @@ def depends(key: str, target: Target) -> bool:
     return target.engine == rest[0]
 
 
+# An engine's priors where GPU_EFFICIENCY's (vLLM V1's few hundred microseconds a step and microseconds a
+# request) do not describe the versions its reference points ran. Every vLLM point ran V0 (0.6.x), whose CPU
+# work between two steps (scheduling, input preparation, sampling metadata, output processing) grows with the
+# batch: "5-13 ms of GPU bubble" a decode step, ~4 ms in its traces (vLLM RFC #6854, multi-step scheduling,
+# 2024-07), and "when BS is 200, all this together can be 20 ms" (vLLM RFC #6801, comment of 2024-08-08):
+# ~4 ms a pass plus (20 - 4) ms / 200 = 80 us a scheduled request. Priors, not values: the fit moves them.
+ENGINE_PRIORS = {"vllm": {"step_overhead_s": 4e-3, "request_overhead_s": 80e-6}}
+
+
 def prior(key: str) -> float:
-    name = key.rsplit(".", 1)[1]
+    scope, *rest = key.split(".")
+    name = rest[-1]
     low, high = BOUNDS[name]
-    value = getattr(GPU_EFFICIENCY, name)
+    engine = ENGINE_PRIORS.get(rest[0], {}) if scope == "engines" else {}
+    value = engine.get(name, getattr(GPU_EFFICIENCY, name))
     return min(max(value, low), high) if value > 0 else math.sqrt(low * high) if high / low < 1e3 else low * 30
 
 
