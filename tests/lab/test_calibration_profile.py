@@ -175,9 +175,10 @@ def test_vllm_bench_result_files_become_targets(tmp_path):
 
 
 def test_the_fit_recovers_constants_it_was_given_and_cross_validates_deterministically():
-    truth = CalibrationProfile("truth", {"engines.vllm.step_overhead_s": 2e-3, "engines.vllm.api_ttft_overhead_s": 0.015,
-                                         "gpus.h100.memory": 0.6})
-    fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "vllm", 1, True)
+    # an engine whose priors are GPU_EFFICIENCY's (vLLM's pull towards V0's figures has its own test)
+    truth = CalibrationProfile("truth", {"engines.sglang.step_overhead_s": 2e-3,
+                                         "engines.sglang.api_ttft_overhead_s": 0.015, "gpus.h100.memory": 0.6})
+    fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "sglang", 1, True)
     targets = []
     for rate, out in ((1.0, 40), (2.0, 80), (4.0, 20)):
         workload = WorkloadConfig(num_prompts=20, input_len=300, output_len=out, request_rate=rate)
@@ -186,7 +187,7 @@ def test_the_fit_recovers_constants_it_was_given_and_cross_validates_determinist
             targets.append(replace(probe, value=simulate_target(probe, truth)))
     # a decode step's weight streaming and its fixed overhead both add to TPOT alike at small batches: the fit
     # is given the bandwidth and finds the overheads (TPOT gives the step's, TTFT the API server's)
-    keys = ["engines.vllm.step_overhead_s", "engines.vllm.api_ttft_overhead_s"]
+    keys = ["engines.sglang.step_overhead_s", "engines.sglang.api_ttft_overhead_s"]
     fixed = {"gpus.h100.memory": 0.6}
     result = fit(targets, keys=keys, iterations=10, num_prompts=None, fixed=fixed)
     for key in keys:
