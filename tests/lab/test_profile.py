@@ -95,3 +95,31 @@ def test_stage_5_simulation_prices_the_measured_link_on_shared_cores():
     colocated = simulated_metrics(fast, spec, "continuous", 8, config)
     # each instance runs on half the cores: its prefill step takes about twice as long
     assert m_fast["median_ttft_ms"] > 1.5 * colocated["median_ttft_ms"]
+
+
+def test_the_step_grid_keeps_each_shapes_median_round(monkeypatch):
+    # served steps run at the machine's typical speed, and `lab validate` compares with the median of real
+    # runs: a shape's fastest round (a quiet moment) would price every simulated step too fast
+    from types import SimpleNamespace
+
+    from servelab.lab.calibrate import step_timing
+
+    # a warm-up step, then round after round over the two shapes
+    seconds = iter([9.0, 3.0, 1.0, 1.0, 5.0, 2.0, 4.0])
+    grid = [[(0, 1, True)], [(0, 2, True)]]
+
+    class Timer:
+        def __init__(self, *args):
+            pass
+
+        def time(self, shape):
+            return next(seconds)
+
+    monkeypatch.setattr(step_timing, "StepTimer", Timer)
+    monkeypatch.setattr(step_timing, "step_grid", lambda settings, quick: grid)
+    scheduler = SimpleNamespace(effective_max_num_seqs=4, max_num_batched_tokens=8, max_model_len=64)
+    engine = SimpleNamespace(config=SimpleNamespace(scheduler=scheduler, cache=SimpleNamespace(block_size=16),
+                                                    model=SimpleNamespace(vocab_size=10)),
+                             executor=SimpleNamespace(num_blocks=8))
+    samples = step_timing.measure_steps(engine, repeats=3)
+    assert [s.seconds for s in samples] == [2.0, 4.0]  # the medians of (3, 1, 2) and (1, 5, 4)

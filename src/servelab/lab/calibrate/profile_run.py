@@ -15,7 +15,7 @@ DEFAULT_MODEL_ID = "smollm2-135m"  # the catalog entry of the default model
 def add_profile_parser(sub) -> None:
     p = sub.add_parser("profile", help="time the real engine's steps on this machine and fit --gpu local-cpu")
     EngineArgs.add_cli_args(p)
-    p.add_argument("--repeats", type=int, default=3, help="runs per step shape; the fastest counts")
+    p.add_argument("--repeats", type=int, default=3, help="runs per step shape; their median counts")
     p.add_argument("--quick", action="store_true", help="a smaller grid (a rough profile in a fraction of the time)")
     p.add_argument("--json", action="store_true", help="print the saved profile as JSON")
     p.add_argument("--kv-transfer-only", action="store_true",

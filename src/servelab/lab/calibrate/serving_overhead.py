@@ -8,9 +8,10 @@ and `bench stages` run it), and compares each run's median TPOT with the fitted 
 requests. The differences, as a piecewise-linear curve over c, become the cost model's overhead
 (not a straight line: per stream it costs most at a few streams, ~3 ms at 4, ~1.4 ms at 32 here).
 The server first serves the largest concurrency once unmeasured (its first steps of each shape pay for
-allocations), then every concurrency ROUNDS times in turn, keeping each one's fastest median TPOT, as the
-step grid keeps each shape's fastest step: one run each, measured first on a cold server, scattered the
-overhead at 1-2 streams between 3 and 50 ms from profile to profile.
+allocations), then every concurrency ROUNDS times in turn, keeping the median of its runs' median TPOTs, as
+the step grid keeps each shape's median step: one run each, measured first on a cold server, scattered the
+overhead at 1-2 streams between 3 and 50 ms from profile to profile. The median, not the fastest: served
+steps run at the machine's typical speed, and `lab validate` compares with the median of real runs.
 
 A new request costs something more before its first step: HTTP parsing, tokenization and admission, on
 the same cores. A few lone requests, one after another, measure it: their median TTFT less the fitted
@@ -18,6 +19,7 @@ prefill step and the one-stream overhead is the arrival overhead.
 """
 from __future__ import annotations
 
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -28,7 +30,7 @@ from servelab.executor.cost_model import CostModel, plan_totals
 from servelab.lab.calibrate.fit import StepShape, shape_plan
 
 CONCURRENCIES = (1, 2, 3, 4, 8, 16, 32)
-ROUNDS = 2
+ROUNDS = 3
 PROMPT_LEN, OUTPUT_LEN = 32, 48
 NUM_LONE_REQUESTS = 7
 
@@ -87,10 +89,10 @@ def measure_serving_overhead(args: EngineArgs, steps: CostModel, concurrencies: 
             # the decode steps of c requests at the run's middle context length
             middle = PROMPT_LEN + OUTPUT_LEN // 2
             predicted = _step_seconds(steps, [(middle, 1, True)] * c)
-            points.append({"concurrency": c, "tpot_ms": min(tpots[c]), "tpot_ms_rounds": tpots[c],
+            points.append({"concurrency": c, "tpot_ms": statistics.median(tpots[c]), "tpot_ms_rounds": tpots[c],
                            "predicted_step_ms": predicted * 1e3})
             if progress:
-                progress(f"serving {c} streams: TPOT {min(tpots[c]):.1f} ms (best of {rounds}), "
+                progress(f"serving {c} streams: TPOT {statistics.median(tpots[c]):.1f} ms (median of {rounds}), "
                          f"the executor's step alone {predicted * 1e3:.1f} ms")
         # a few tokens: the first ones can decode to no text yet, and the load generator needs text
         lone = run(WorkloadConfig(num_prompts=NUM_LONE_REQUESTS, input_len=PROMPT_LEN, output_len=8, seed=0),
