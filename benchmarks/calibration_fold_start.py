@@ -12,10 +12,10 @@ import argparse
 import time
 
 from servelab.lab.calibrate.excluded import EXCLUDED
-from servelab.lab.calibrate.reference_fit import candidate_keys, fit, folds, quantized_only_gpus, with_gpu_defaults
+from servelab.lab.calibrate.reference_fit import candidate_keys, fit, fold_profile, folds
 from servelab.lab.calibrate.target_simulation import simulate_target
 from servelab.lab.calibrate.targets import reference_targets
-from servelab.lab.catalog.calibration import CalibrationProfile, load_calibration
+from servelab.lab.catalog.calibration import load_calibration
 
 
 def main() -> None:
@@ -39,8 +39,7 @@ def main() -> None:
     began = time.perf_counter()
     result = fit(train, start=start, keys=keys, iterations=args.iterations, num_prompts=args.fit_num_prompts,
                  progress=lambda s: print(f"{s} [{time.perf_counter() - began:.0f} s]", flush=True))
-    profile = CalibrationProfile("fold", with_gpu_defaults({k: v for k, v in result.values.items() if k in keys},
-                                                           quantized_only_gpus(train)))
+    profile = fold_profile(result, keys, train)
     print(f"refitted: engines.vllm.request_overhead_s {result.values['engines.vllm.request_overhead_s']:.3g}, "
           f"engines.vllm.step_overhead_s {result.values['engines.vllm.step_overhead_s']:.3g}")
     for t in test:

@@ -238,6 +238,15 @@ def folds(targets: list[Target], k: int) -> list[int]:
     return fold
 
 
+def fold_profile(result: FitResult, keys: list[str], train: list[Target],
+                 fixed: dict[str, float] | None = None) -> CalibrationProfile:
+    """The constants a fold's refit (on `train`, over `keys`) predicts its held-out points with. A constant no
+    training point could see (a GPU only the fold has) keeps its prior, not the start's."""
+    return CalibrationProfile("fold", with_gpu_defaults(
+        {key: v for key, v in result.values.items() if key in keys or key in (fixed or {})},
+        quantized_only_gpus(train)))
+
+
 def cross_validate(targets: list[Target], full: FitResult, k: int = 5, iterations: int = 3,
                    num_prompts: int | None = 300, progress: Callable[[str], None] = lambda s: None,
                    fixed: dict[str, float] | None = None) -> list[float | None]:
@@ -257,10 +266,7 @@ def cross_validate(targets: list[Target], full: FitResult, k: int = 5, iteration
         result = fit(train, start=full.values, keys=keys, iterations=iterations, num_prompts=num_prompts,
                      fixed=fixed, jacobian=jacobian, caps=full.caps,
                      progress=lambda s, f=fold: progress(f"fold {f + 1}/{k}: {s}"))
-        # a constant no training point could see (a GPU only the fold has) keeps its prior, not the full fit's
-        profile = CalibrationProfile("fold", with_gpu_defaults(
-            {key: v for key, v in result.values.items() if key in keys or key in (fixed or {})},
-            quantized_only_gpus(train)))
+        profile = fold_profile(result, keys, train, fixed)
         for i in test:
             held_out[i] = simulate_target(targets[i], profile)
     return held_out
