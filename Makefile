@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test chromium bench clean compiled
+.PHONY: install run test chromium bench clean compiled docs
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -46,8 +46,12 @@ compiled: $(STAMP)
 	$(PIP) install -q "mypy>=1.10,<3"
 	$(PY) -m servelab.compiled.build
 
+# The documentation site (mkdocs-material) into site/; --strict fails on a broken link or anchor.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
 bench: $(STAMP)
 	$(VENV)/bin/servelab bench throughput --num-prompts 256 --baseline hf
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info src/servelab/compiled/ext
+	rm -rf $(VENV) build site src/*.egg-info src/servelab/compiled/ext
