@@ -29,6 +29,8 @@ TRIAL_DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 # `servelab/core/plan.py`, `src/servelab/kernels/`, ...; and dotted modules such as `servelab.lab.sim`.
 FILE_PATH = re.compile(r"(?<![\w/.])(?:src/)?(servelab/[\w/]*[\w.]*\w/?)")
 MODULE = re.compile(r"(?<![\w/.])servelab(?:\.[a-z_][a-z0-9_]*)+")
+# The scripts a figure's command runs: `python benchmarks/soak.py`, `tests/integration/...py`.
+SCRIPT = re.compile(r"(?<![\w/.])((?:benchmarks|tests)/[\w/.-]+\.(?:py|sh))")
 
 
 def history_in(text: str, with_dates: bool) -> list[str]:
@@ -97,6 +99,14 @@ def test_architecture_page_names_only_existing_files():
     missing = [p for p in paths if not (ROOT / "src" / p).exists()]
     missing += [m for m in modules if not module_exists(m)]
     assert missing == [], "docs/architecture.md names paths that do not exist:\n" + "\n".join(missing)
+
+
+def test_commands_name_existing_scripts():
+    """Every figure's command runs a script that exists; when benchmarks move, this lists the commands to fix."""
+    pages = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    missing = sorted({f"{page.name}: {m.group(1)}" for page in pages for m in SCRIPT.finditer(page.read_text())
+                      if not (ROOT / m.group(1)).is_file()})
+    assert missing == [], "scripts named in the documentation that do not exist:\n" + "\n".join(missing)
 
 
 def test_architecture_paths_are_recognised():
