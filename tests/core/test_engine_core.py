@@ -4,7 +4,7 @@ import pytest
 from servelab.config import SchedulerConfig
 from servelab.core.block_manager import BlockManager
 from servelab.core.clock import VirtualClock, WallClock
-from servelab.core.engine import EngineCore
+from servelab.core.engine_core import EngineCore
 from servelab.core.plan import SampledToken, StepResult
 from servelab.core.request import Request
 from servelab.core.scheduler import Scheduler

@@ -2,7 +2,7 @@
 that finishes after its first token keeps its blocks until release_kv; a decode-side request is admitted
 by add_prefilled with blocks for its prompt allocated at once (None while the pool is short) and then
 decodes from its first token with num_computed_tokens = prompt length, as any request would."""
-from servelab.core.messages import KVTransferParams
+from servelab.core.engine_io import KVTransferParams
 from servelab.core.request import Request, RequestStatus
 from servelab.sampling_params import SamplingParams
 from test_scheduler import make_engine, run

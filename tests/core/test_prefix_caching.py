@@ -11,7 +11,7 @@ from servelab.config import SchedulerConfig
 from servelab.core.block_hash import ROOT_BLOCK_HASH, hash_block_tokens, hash_token_blocks, request_block_hashes
 from servelab.core.block_manager import BlockManager
 from servelab.core.clock import VirtualClock
-from servelab.core.engine import EngineCore
+from servelab.core.engine_core import EngineCore
 from servelab.core.request import Request
 from servelab.core.scheduler import Scheduler
 from servelab.sampling_params import SamplingParams

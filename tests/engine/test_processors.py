@@ -2,7 +2,7 @@
 RequestOutputs and the ids a stop string ended out), alone and in a real LLMEngine over a stub executor."""
 import pytest
 
-from servelab.core.messages import EngineCoreOutput, EngineCoreTimes, EngineLimits
+from servelab.core.engine_io import EngineCoreOutput, EngineCoreTimes, EngineLimits
 from servelab.core.plan import SampledToken
 from servelab.engine.input_processor import ContextLengthExceeded, child_requests
 from servelab.engine.output_processor import OutputProcessor

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from servelab.gateway.async_llm import AsyncLLM, EngineDeadError, EngineStepError
+from servelab.engine.async_llm import AsyncLLM, EngineDeadError, EngineStepError
 from servelab.sampling_params import SamplingParams
 from stub_engine import VOCAB, make_engine, word_id
 

@@ -17,7 +17,7 @@ from servelab.engine.core_client import EngineDeadError, InprocClient
 from servelab.engine.core_process import EngineFactory
 from servelab.engine.disagg_launcher import launch_disaggregated
 from servelab.gateway.app import Gateway, build_app
-from servelab.gateway.async_llm import AsyncLLM
+from servelab.engine.async_llm import AsyncLLM
 from servelab.gateway.config import ServerConfig
 from servelab.metrics.events import EngineState
 from servelab.sampling_params import SamplingParams

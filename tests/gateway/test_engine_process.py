@@ -15,9 +15,9 @@ from servelab.engine.core_client import InprocClient
 from servelab.engine.mp_client import launch_engine_cores
 from servelab.engine.core_process import EngineFactory
 from servelab.gateway.app import Gateway, build_app
-from servelab.gateway.async_llm import AsyncLLM
+from servelab.engine.async_llm import AsyncLLM
 from servelab.gateway.config import ServerConfig
-from servelab.gateway.engine_loads import EngineLoads
+from servelab.engine.engine_loads import EngineLoads
 from servelab.metrics.events import EngineState
 from servelab.sampling_params import SamplingParams
 from stub_engine import VOCAB, make_engine, tiny_tokenizer, word_id

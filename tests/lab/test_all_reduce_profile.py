@@ -6,7 +6,9 @@ import multiprocessing
 
 import pytest
 
-from servelab.executor.cost_model import AllReduceFit, CostModel
+from servelab.executor.cost_model import CostModel
+
+from servelab.executor.efficiency import AllReduceFit
 from servelab.lab.calibrate.all_reduce import fit_all_reduce
 from servelab.lab.catalog import get_model
 from servelab.lab.catalog.cpu_profile import CpuProfile

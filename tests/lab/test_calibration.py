@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from servelab.core.plan import ScheduledRequest, StepPlan
-from servelab.executor.cost_model import (GPU_EFFICIENCY, CostModel, CostModelExecutor, Efficiency, StepTotals,
-                                         plan_totals)
+from servelab.executor.cost_model import CostModel, StepTotals, plan_totals
+from servelab.executor.efficiency import GPU_EFFICIENCY, Efficiency
+from servelab.executor.cost_model_executor import CostModelExecutor
 from servelab.executor.curve import PiecewiseLinear
 from servelab.lab.calibrate.fit import (StepFit, fit_steps, fitted_cost_model, fitted_device, fitted_efficiency,
                                         hat_weights, knots_for, nnls, shape_plan, step_sample)

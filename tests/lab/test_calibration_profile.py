@@ -9,7 +9,9 @@ import pytest
 
 from servelab.core.plan import ScheduledRequest, StepPlan
 from servelab.errors import FieldError
-from servelab.executor.cost_model import GPU_EFFICIENCY, CostModel, CostModelExecutor
+from servelab.executor.cost_model import CostModel
+from servelab.executor.efficiency import GPU_EFFICIENCY
+from servelab.executor.cost_model_executor import CostModelExecutor
 from servelab.lab.api import DeploymentRequest, SimulateRequest, simulate
 from servelab.lab.calibrate.reference_fit import (ENGINE_PRIORS, _jacobian, _Problem, candidate_keys, cross_validate,
                                                  depends, fit, prior, quantized_only_gpus, simulate_target,

@@ -7,8 +7,8 @@ from array import array
 import numpy as np
 import pytest
 
-from servelab.core.engine import StepStats
-from servelab.core.run_states import RunStates
+from servelab.core.engine_core import StepStats
+from servelab.core.decode_runs.run_states import RunStates
 from servelab.lab.catalog import get_device, get_model
 from servelab.lab.sim.api_path import ClientTokenTimes, client_timings
 from servelab.lab.sim.deployment import Deployment

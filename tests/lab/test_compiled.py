@@ -35,7 +35,7 @@ def test_a_current_build_is_used(tmp_path):
 
 def test_an_edited_source_turns_the_whole_build_off(tmp_path):
     hashes = compiled.source_hashes()
-    hashes["servelab.core.engine"] = "0" * 64
+    hashes["servelab.core.engine_core"] = "0" * 64
     _fake_build(tmp_path, sources=hashes)
     assert compiled.usable_build(tmp_path) is None
 
@@ -70,7 +70,7 @@ def _run(code: str, **env) -> str:
 
 
 def test_the_build_is_loaded_and_its_modules_are_compiled(build_dir):
-    code = ("import servelab.lab, servelab.compiled as c, servelab.core.engine as e;"
+    code = ("import servelab.lab, servelab.compiled as c, servelab.core.engine_core as e;"
             "print(c.active(), e.__file__.endswith('.so'))")
     assert _run(code, SERVELAB_COMPILED_DIR=str(build_dir), SERVELAB_PURE="0").split() == ["True", "True"]
     assert _run(code, SERVELAB_COMPILED_DIR=str(build_dir), SERVELAB_PURE="1").split() == ["False", "False"]

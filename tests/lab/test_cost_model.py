@@ -2,7 +2,9 @@
 import pytest
 
 from servelab.core.plan import ScheduledRequest, StepPlan
-from servelab.executor.cost_model import CostModel, CostModelExecutor, Efficiency
+from servelab.executor.cost_model import CostModel
+from servelab.executor.efficiency import Efficiency
+from servelab.executor.cost_model_executor import CostModelExecutor
 from servelab.lab.catalog import get_device, get_model
 from servelab.specs import DeviceSpec, ModelSpec
 from servelab.lab.sim.deployment import Deployment, plan_memory

@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from servelab.errors import FieldError
-from servelab.executor.cost_model import GPU_EFFICIENCY, CostModel
+from servelab.executor.cost_model import CostModel
+from servelab.executor.efficiency import GPU_EFFICIENCY
 from servelab.lab.calibrate import target_simulation
 from servelab.lab.calibrate.target_simulation import simulate_target, stable_cap
 from servelab.lab.calibrate.targets import Target

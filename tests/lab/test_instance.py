@@ -8,10 +8,10 @@ import pytest
 from servelab.config import SchedulerConfig
 from servelab.core.block_manager import BlockManager
 from servelab.core.clock import VirtualClock
-from servelab.core.engine import EngineCore
+from servelab.core.engine_core import EngineCore
 from servelab.core.request import Request
 from servelab.core.scheduler import Scheduler
-from servelab.executor.cost_model import CostModelExecutor
+from servelab.executor.cost_model_executor import CostModelExecutor
 from servelab.lab.catalog import get_device, get_model
 from servelab.lab.sim.deployment import Deployment
 from servelab.lab.sim.instance import Instance

@@ -7,7 +7,7 @@ from itertools import accumulate
 from servelab.config import SchedulerConfig
 from servelab.core.block_manager import BlockManager
 from servelab.core.clock import VirtualClock
-from servelab.core.engine import EngineCore
+from servelab.core.engine_core import EngineCore
 from servelab.core.plan import SampledToken, StepResult
 from servelab.core.request import Request, RequestStatus
 from servelab.core.scheduler import Scheduler
@@ -207,7 +207,7 @@ def test_no_run_while_someone_prefills_or_the_head_could_join():
 def test_trimmed_step_ends_change_nothing(case, seed, monkeypatch):
     """A batch that never empties drops the step ends its members no longer need (DecodeBatch.add_steps);
     trimmed every few steps, tokens and timestamps are still those of single steps."""
-    from servelab.core import decode_batch
+    from servelab.core.decode_runs import batch as decode_batch
 
     monkeypatch.setattr(decode_batch, "_TRIM_STEPS", 2)
     bases = []

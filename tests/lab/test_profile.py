@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from servelab.executor.cost_model import Efficiency
+from servelab.executor.efficiency import Efficiency
 from servelab.executor.curve import PiecewiseLinear
 from servelab.lab.catalog import LOCAL_CPU, get_device, get_model
 from servelab.specs import DeviceSpec

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from servelab.errors import FieldError
-from servelab.executor.cost_model import GPU_EFFICIENCY, REFERENCE_COMPUTE_UNITS, CostModel, matmul_half_tokens
+from servelab.executor.cost_model import CostModel
+from servelab.executor.efficiency import GPU_EFFICIENCY, REFERENCE_COMPUTE_UNITS, matmul_half_tokens
 from servelab.lab.calibrate.target_simulation import simulate_target
 from servelab.lab.calibrate.targets import Target
 from servelab.lab.catalog import get_device, get_model

@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from servelab.core.run_states import run_states
+from servelab.core.decode_runs.run_states import run_states
 from servelab.entrypoints.cli import main
 
 from test_multi_step import CASES, drive, make

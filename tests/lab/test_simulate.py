@@ -8,7 +8,7 @@ import pytest
 from servelab.errors import FieldError
 
 from servelab.core.block_manager import BlockManager
-from servelab.core.engine import EngineCore
+from servelab.core.engine_core import EngineCore
 from servelab.core.scheduler import Scheduler
 from servelab.lab.sim import instance as lab_instance
 from servelab.lab.catalog import get_device, get_model

@@ -12,7 +12,7 @@ import pytest
 
 import servelab.lab.web as lab_web_package
 from servelab.errors import FieldError
-from servelab.lab.web.messages import Message, error_message, request_language
+from servelab.lab.web.i18n import Message, error_message, request_language
 from servelab.lab.web.routes import ASSETS, PAGES, STATIC_DIR
 
 from lab_helpers import catalog_names, english_words

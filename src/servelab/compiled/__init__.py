@@ -20,11 +20,12 @@ import sys
 from pathlib import Path
 
 # The simulator's per-step path: engine core, scheduler, block manager, decode runs, cost model, instance
-# bookkeeping and the event loop. Not messages.py (msgspec structs shared with engine processes).
+# bookkeeping and the event loop. Not engine_io.py (msgspec structs shared with engine processes).
 MODULES = (
-    "servelab.core.block_hash", "servelab.core.block_manager", "servelab.core.clock", "servelab.core.decode_batch",
-    "servelab.core.decode_runs", "servelab.core.engine", "servelab.core.plan", "servelab.core.prefix_cache",
-    "servelab.core.request", "servelab.core.run_states", "servelab.core.scheduler", "servelab.executor.cost_model",
+    "servelab.core.block_hash", "servelab.core.block_manager", "servelab.core.clock", "servelab.core.decode_runs.batch",
+    "servelab.core.decode_runs.planner", "servelab.core.decode_runs.run_states", "servelab.core.engine_core",
+    "servelab.core.plan", "servelab.core.prefix_cache", "servelab.core.request", "servelab.core.scheduler",
+    "servelab.executor.cost_model", "servelab.executor.cost_model_executor", "servelab.executor.efficiency",
     "servelab.lab.sim.finished", "servelab.lab.sim.instance", "servelab.lab.sim.load_balancer",
     "servelab.lab.sim.simulate", "servelab.lab.sim.step_log",
 )

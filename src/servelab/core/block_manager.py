@@ -262,7 +262,7 @@ class BlockManager:
         self._num_tokens[request_id] = num_tokens
 
     def record_decode_tokens(self, num_tokens: int) -> None:
-        """Note num_tokens more slots holding KV among the members of a decode run (core/decode_runs.py),
+        """Note num_tokens more slots holding KV among the members of a decode run (core/decode_runs/planner.py),
         counted at once and attributed to requests later by attribute_tokens: a run's batch can be
         hundreds of requests, and the count stays exact after every run at no cost per member."""
         self._num_tokens_total += num_tokens

@@ -73,7 +73,7 @@ class StepResult:
 
 @dataclass(slots=True)
 class DecodeRunPlan:
-    """Up to num_steps decode steps of a fixed batch, all known in advance (core/decode_runs.py): in
+    """Up to num_steps decode steps of a fixed batch, all known in advance (core/decode_runs/planner.py): in
     each, every member not yet at max_tokens computes its last sampled token and samples the next; no
     one is admitted (beyond step 1) or preempted, and no sampled token stops anyone. All a cost model
     needs to price the steps, as a StepPlan is for one step."""

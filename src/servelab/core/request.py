@@ -5,7 +5,7 @@ import enum
 from typing import Any
 from dataclasses import dataclass, field
 
-from servelab.core.messages import EngineCoreOutput, EngineCoreRequest, EngineCoreTimes, KVTransferParams
+from servelab.core.engine_io import EngineCoreOutput, EngineCoreRequest, EngineCoreTimes, KVTransferParams
 from servelab.core.plan import SampledToken
 from servelab.sampling_params import SamplingParams
 

@@ -7,7 +7,7 @@ Stages differ only in admission and KV allocation (see SchedulerConfig.policy). 
 (stages 3+), a request starts at num_computed_tokens = the tokens of its longest cached prefix, and
 every full block it computes is cached for the requests after it.
 
-Multi-step decode runs (core/decode_runs.py) are composed around the scheduler, not part of it: the
+Multi-step decode runs (core/decode_runs/planner.py) are composed around the scheduler, not part of it: the
 planner reads the public queues and block manager and changes them only through admit() and
 finish_request(). The scheduler keeps no state of theirs and calls none of their code; its one
 concession is admit(), the part of schedule() after the running requests.
@@ -169,7 +169,7 @@ class Scheduler:
 
     def admit(self, now: float, budget: int) -> StepPlan:
         """The rest of a step whose running requests were all planned elsewhere, by a decode run
-        (core/decode_runs.py): the ids finished since the last plan, and the waiting requests admitted
+        (core/decode_runs/planner.py): the ids finished since the last plan, and the waiting requests admitted
         into budget tokens, as schedule() admits them after the running ones (stages 3+ with mixed
         batches only: without, admissions take a step of their own, which a decode run never is)."""
         plan = StepPlan(finished_request_ids=self._finished_ids)

@@ -19,7 +19,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Protocol
 
-from servelab.core.messages import EngineCoreRequest
+from servelab.core.engine_io import EngineCoreRequest
 from servelab.engine.core_loop import EngineLoop
 from servelab.engine.core_protocol import AbortRequests, AddRequest, EngineReady, EngineStepOutputs, SendKV
 from servelab.engine.output_mailbox import StepOutputMailbox

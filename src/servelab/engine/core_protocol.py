@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from servelab.core.messages import EngineCoreRequest, EngineLimits
+from servelab.core.engine_io import EngineCoreRequest, EngineLimits
 from servelab.metrics.events import EngineState, FinishedRequest, KVTransferSample, StepSample
 from servelab.outputs import RequestOutput
 

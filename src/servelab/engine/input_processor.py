@@ -6,7 +6,7 @@ import time
 from dataclasses import replace
 
 from servelab.core.block_manager import cdiv
-from servelab.core.messages import EngineCoreRequest, EngineLimits
+from servelab.core.engine_io import EngineCoreRequest, EngineLimits
 from servelab.model.tokenizer import Tokenizer
 from servelab.sampling_params import SamplingParams
 

@@ -15,8 +15,8 @@ import torch
 from servelab.config import EngineConfig
 from servelab.core.block_manager import BlockManager
 from servelab.core.clock import WallClock
-from servelab.core.engine import EngineCore, StepStats
-from servelab.core.messages import EngineCoreRequest, EngineLimits
+from servelab.core.engine_core import EngineCore, StepStats
+from servelab.core.engine_io import EngineCoreRequest, EngineLimits
 from servelab.core.request import Request, RequestStatus
 from servelab.core.scheduler import Scheduler
 from servelab.engine.input_processor import InputProcessor, child_requests

@@ -18,7 +18,7 @@ import time
 import zmq
 import zmq.asyncio
 
-from servelab.core.messages import EngineCoreRequest
+from servelab.core.engine_io import EngineCoreRequest
 from servelab.engine.core_client import EngineDeadError
 from servelab.engine.core_process import EngineFactory, run_engine_core
 from servelab.engine.core_protocol import (AbortRequests, AddRequest, Codec, EngineDead, EngineReady,

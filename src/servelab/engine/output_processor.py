@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from servelab.core.messages import EngineCoreOutput, EngineCoreRequest, EngineCoreTimes
+from servelab.core.engine_io import EngineCoreOutput, EngineCoreRequest, EngineCoreTimes
 from servelab.core.plan import SampledToken
 from servelab.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from servelab.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob

@@ -1,4 +1,4 @@
-"""CostModelExecutor: prices a StepPlan from its contents instead of running a model.
+"""CostModel: prices a step from its contents (the executor that uses it: executor/cost_model_executor.py).
 
 Per step, on each of the tp GPUs of an instance (they work in parallel):
   weights:       per layer max(matmul FLOPs / effective FLOP/s, weight bytes / effective bandwidth),
@@ -25,115 +25,14 @@ another process and does not slow steps; the simulator adds it to each request's
 """
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from servelab.core.plan import DecodeRunPlan, SampledToken, ScheduledRequest, StepPlan, StepResult
-from servelab.executor.curve import PiecewiseLinear
+from servelab.core.plan import ScheduledRequest, StepPlan
+from servelab.executor.efficiency import CUDA_GRAPH_MAX_BATCH_SIZE, Efficiency, matmul_half_tokens
 from servelab.specs import DTYPE_BYTES, QUANTIZATION_BYTES, DeviceSpec, ModelSpec
-
-DUMMY_TOKEN_ID = 0
-# vLLM captures CUDA graphs for decode batches up to this size; larger batches and prefills run eagerly.
-CUDA_GRAPH_MAX_BATCH_SIZE = 256
-
-
-@dataclass(frozen=True)
-class AllReduceFit:
-    """One all-reduce between world_size processes on a measured machine: latency_s + bytes / bytes_per_s
-    (`servelab lab profile`, gloo over the loopback); samples are the (bytes, seconds) it was fitted to."""
-    world_size: int
-    latency_s: float
-    bytes_per_s: float
-    samples: tuple[tuple[int, float], ...] = ()
-
-    def seconds(self, num_bytes: float) -> float:
-        return self.latency_s + num_bytes / self.bytes_per_s
-
-
-@dataclass(frozen=True)
-class Efficiency:
-    """Fractions of a device's peak a serving engine reaches, and its CPU-side overheads. Bounds of the
-    fitted GPU constants: servelab.lab.catalog.calibration.BOUNDS."""
-    matmul: float  # GEMM efficiency reached at large token counts
-    attention: float
-    memory: float
-    kv_memory: float
-    interconnect: float  # share of the link's bandwidth a ring all-reduce reaches
-    allreduce_latency_s: float  # alpha: fixed cost of one all-reduce call on the link
-    step_overhead_s: float
-    request_overhead_s: float
-    token_overhead_s: float = 0.0  # input preparation and sampling bookkeeping per scheduled token
-    # Token count at which GEMMs (attention kernels) reach half their large-shape efficiency; 0: flat.
-    matmul_half_tokens: float = 0.0
-    attention_half_tokens: float = 0.0
-    # Launch cost of one layer's kernels, paid by every step that no CUDA graph replays.
-    layer_launch_overhead_s: float = 0.0
-    # API server per request, off the GPU's path: HTTP, tokenization and the first chunk before the first
-    # token; detokenization and the closing chunk after the last.
-    api_ttft_overhead_s: float = 0.0
-    api_final_overhead_s: float = 0.0
-    # Measured instead of max(FLOPs, bytes) (a CPU profile, tp 1 only): seconds of all decoder layers'
-    # linear layers against the step's token count, and of the LM head against the rows it samples.
-    layers_curve: PiecewiseLinear | None = None
-    lm_head_curve: PiecewiseLinear | None = None
-    # Measured serving overhead per step against the requests in it (a CPU profile), on top of the above.
-    overhead_curve: PiecewiseLinear | None = None
-    # Measured cost of taking a request in (a CPU profile): HTTP parsing, tokenization and admission run
-    # on the cores the model uses, so the step that starts a new request's prefill pays for them.
-    arrival_overhead_s: float = 0.0
-    # Measured all-reduces (a CPU profile), one per world size: tensor parallelism over processes that
-    # share the profiled machine's cores.
-    all_reduce: tuple[AllReduceFit, ...] = ()
-
-    def all_reduce_fit(self, world_size: int) -> AllReduceFit | None:
-        return next((f for f in self.all_reduce if f.world_size == world_size), None)
-
-
-# Datacenter GPUs running vLLM-class kernels, before calibration (servelab.lab.catalog.calibration fits
-# these to published measurements; these priors are where the fit starts). Each anchored to a public figure:
-GPU_EFFICIENCY = Efficiency(
-    # cuBLAS bf16 GEMMs at LLM shapes reach ~70% of dense peak on A100/H100 (NVIDIA's Megatron-LM and
-    # cuBLAS benchmark posts report 60-75%).
-    matmul=0.70,
-    # FlashAttention-2 reaches 50-73% of peak on A100 and ~35-50% on H100 (Dao 2023, FlashAttention-2 paper).
-    attention=0.50,
-    # Weight-streaming GEMV kernels read at ~80% of HBM peak (STREAM-like copies reach 85-90%).
-    memory=0.80,
-    # Paged KV reads are scattered over blocks: ~70% of HBM peak (vLLM PagedAttention paper, fig. on kernel overhead).
-    kv_memory=0.70,
-    # NCCL ring all-reduce bus bandwidth ~70-80% of NVLink peak in nccl-tests.
-    interconnect=0.75,
-    # nccl-tests all_reduce_perf on 8 NVLink GPUs: 10-20 us for small messages.
-    allreduce_latency_s=10e-6,
-    # vLLM V1 with CUDA graphs: scheduling, input preparation and sampling take a few hundred microseconds
-    # per step plus microseconds per request (vLLM V1 design blog, 2025).
-    step_overhead_s=300e-6,
-    request_overhead_s=3e-6,
-    # GEMMs with few rows are latency- and tile-bound: cuBLAS reaches half its peak share near 64-256 rows.
-    matmul_half_tokens=128.0,
-    attention_half_tokens=128.0,
-    # ~12 kernels per decoder layer at ~4 us of launch each (CUDA launch latency, PyTorch eager).
-    layer_launch_overhead_s=50e-6,
-)
-
-
-# The GPU matmul_half_tokens is stated for: an H100 SXM's 132 SMs.
-REFERENCE_COMPUTE_UNITS = 132
-
-
-def matmul_half_tokens(efficiency: Efficiency, device: DeviceSpec) -> float:
-    """Rows at which a GEMM reaches half its peak share on `device`. A step's GEMMs split into output tiles
-    (ceil(M / tile rows) x ceil(N / tile columns)) that run one per SM (NVIDIA) or CU (AMD) at a time, so at a
-    given N the rows that fill the chip grow with its SMs/CUs: an A10's 72 SMs fill at about half the rows of
-    an H100's 132, an MI300X's 304 CUs at about 2.3 times. The constant itself is fitted per GPU (stated for
-    132 SMs): how soon a GEMM hides its weight stream behind the math is also the chip's pipeline (Hopper's TMA
-    and warp-specialised wgmma against Ampere's cp.async stages). A measured CPU profile (no compute_units)
-    keeps the constant as fitted."""
-    units = device.compute_units
-    return efficiency.matmul_half_tokens * (units / REFERENCE_COMPUTE_UNITS if units else 1.0)
 
 
 class CostModel:
@@ -387,93 +286,3 @@ def _plan_sums(plan: StepPlan) -> tuple[int, int, int, int, int, int]:
         if computed == 0 and s.prompt_token_ids is not None:
             num_arrivals += 1
     return num_tokens, num_sampled, len(plan.scheduled), num_pairs, num_kv_tokens, num_arrivals
-
-
-class CostModelExecutor:
-    """The lab's executor: same StepPlan in, StepResult out, duration from the cost model."""
-
-    # Small batches decode long runs, and their runs recur at the same context sums, so their step
-    # durations are tabulated (a run's are then a list slice): batch sizes up to this, per table ...
-    TABULATED_BATCH_SIZE = 16
-    # ... and steps up to this, which bounds the tables to a few MiB.
-    TABULATED_STEPS = 8192
-    run_token_id = DUMMY_TOKEN_ID  # what every step of a decode run samples
-
-    def __init__(self, cost_model: CostModel) -> None:
-        self.cost_model = cost_model
-        self._token = SampledToken(DUMMY_TOKEN_ID)
-        # (batch size, residue) -> the decode steps' durations when the contexts sum to residue,
-        # residue + batch size, residue + 2 * batch size, ...
-        self._decode_tables: dict[tuple[int, int], list[float]] = {}
-
-    def execute(self, plan: StepPlan) -> StepResult:
-        scheduled = plan.scheduled
-        if scheduled and _received(scheduled[0]) and all(map(_received, scheduled)):
-            parts = self.cost_model.received_step_time(len(scheduled))
-        else:
-            parts = self.cost_model.price(plan_totals(plan))
-        return StepResult(sampled=self._sampled(plan), duration=parts.pop("total"), breakdown=parts)
-
-    def _sampled(self, plan: StepPlan) -> dict[str, SampledToken]:
-        return {s.request_id: self._token for s in plan.scheduled if s.sample}
-
-    def price_decode_run(self, run: DecodeRunPlan, within: float = float("inf")) -> tuple[list[float], list[tuple[int, int]]]:
-        """Durations of the steps of a multi-step decode run (DecodeRunPlanner.plan), each priced as
-        execute() prices that step's StepPlan: one new token per unfinished request, contexts growing
-        by one. Only the steps that can start within `within` seconds. Also (number of steps, batch
-        size) segments: the batch shrinks as requests finish."""
-        cm = self.cost_model
-        batch_size, context_sum, num_steps = run.batch_size, run.context_len_sum, run.num_steps
-        soonest = run.soonest
-        if soonest < num_steps and within < float("inf"):
-            # no decode step is shorter than one of a single request with no context
-            fits = int(within / sum(cm._decode_fixed(1))) + 1
-            if fits < num_steps:
-                num_steps = fits
-        if soonest >= num_steps:  # nobody leaves before the last step
-            return self._decode_step_times(batch_size, context_sum, num_steps, within), [(num_steps, batch_size)]
-        # (last step, context in step 1) of those leaving early, by last step: the batch shrinks after each
-        departures = run.departures[:bisect_left(run.departures, (num_steps,))]
-        durations, segments = [], []
-        step, i, elapsed = 1, 0, 0.0
-        while step <= num_steps and batch_size:
-            segment_end = departures[i][0] if i < len(departures) else num_steps  # the next to leave takes part up to this step
-            times = self._decode_step_times(batch_size, context_sum + (step - 1) * batch_size,
-                                            segment_end - step + 1, within - elapsed)
-            durations += times
-            segments.append((len(times), batch_size))
-            if len(times) < segment_end - step + 1:
-                break  # the rest cannot start within `within`
-            elapsed += sum(times)
-            step = segment_end + 1
-            while i < len(departures) and departures[i][0] < step:
-                context_sum -= departures[i][1]
-                batch_size -= 1
-                i += 1
-        return durations, segments
-
-    def _decode_step_times(self, batch_size: int, context_len_sum: int, num_steps: int, within: float) -> list[float]:
-        """CostModel.decode_step_times, from the tables where they apply (the same floats)."""
-        start, residue = divmod(context_len_sum, batch_size)
-        stop = start + num_steps
-        if batch_size > self.TABULATED_BATCH_SIZE or stop > self.TABULATED_STEPS:
-            return self.cost_model.decode_step_times(batch_size, context_len_sum, num_steps, within)
-        table = self._decode_tables.setdefault((batch_size, residue), [])
-        if len(table) < stop:
-            size = min(max(stop, 2 * len(table)), self.TABULATED_STEPS)
-            table += self.cost_model.decode_step_times(batch_size, residue + len(table) * batch_size, size - len(table))
-        first = table[start]
-        if within < first * num_steps:  # as decode_step_times: steps only grow longer
-            num_steps = _fit(num_steps, within, first)
-        return table[start:start + num_steps]
-
-    def execute_with_decode_run(self, run: DecodeRunPlan, plan: StepPlan) -> StepResult:
-        """One step of a one-step decode run plus the requests its plan admits, priced as execute()
-        prices the whole StepPlan single steps would make; sampled tokens for the plan's requests."""
-        batch_size, context_sum = run.batch_size, run.context_len_sum
-        num_tokens, num_sampled, num_requests, num_pairs, num_kv_tokens, num_arrivals = _plan_sums(plan)
-        parts = self.cost_model.step_time(batch_size + num_tokens, batch_size + num_sampled,
-                                          batch_size + num_requests, context_sum + num_pairs,
-                                          context_sum + batch_size + num_kv_tokens, num_arrivals)
-        return StepResult(self._sampled(plan), parts.pop("total"), parts)
-

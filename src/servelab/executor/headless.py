@@ -9,7 +9,7 @@ import signal
 from multiprocessing.connection import wait
 
 from servelab.config import EngineConfig
-from servelab.distributed.messages import WorkerFailed
+from servelab.distributed.worker_protocol import WorkerFailed
 from servelab.engine_args import EngineArgs
 from servelab.executor.multiproc_executor import num_cores, spawn_workers
 

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from servelab.config import EngineConfig
 from servelab.core.plan import StepPlan, StepResult
 from servelab.errors import ExecutorDeadError
-from servelab.distributed.messages import (ExecuteStep, GroupReady, Shutdown, StepDone, WorkerFailed, WorkerReady,
+from servelab.distributed.worker_protocol import (ExecuteStep, GroupReady, Shutdown, StepDone, WorkerFailed, WorkerReady,
                                            WorkerSpec)
 from servelab.executor.tp_worker import run_worker
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from multiprocessing.connection import Connection
 
 import torch
 
-from servelab.distributed.messages import (ExecuteStep, GroupReady, KeepAlive, Shutdown, StepDone, WorkerFailed,
+from servelab.distributed.worker_protocol import (ExecuteStep, GroupReady, KeepAlive, Shutdown, StepDone, WorkerFailed,
                                            WorkerReady, WorkerSpec)
 from servelab.distributed.parallel_state import TensorParallelGroup, destroy_tensor_parallel, init_tensor_parallel
 from servelab.executor.model_executor import ModelExecutor

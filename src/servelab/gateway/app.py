@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from servelab.gateway.admission import AdmissionControl
-from servelab.gateway.async_llm import AsyncLLM
+from servelab.engine.async_llm import AsyncLLM
 from servelab.gateway.auth import ApiKeyAuth
 from servelab.gateway.config import ServerConfig
 from servelab.gateway.errors import OpenAIError, engine_unavailable, internal_error, shutting_down

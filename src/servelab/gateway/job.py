@@ -11,10 +11,10 @@ from typing import AsyncIterator
 
 from starlette.requests import Request
 
-from servelab.core.messages import EngineCoreRequest
+from servelab.core.engine_io import EngineCoreRequest
 from servelab.gateway.admission import Ticket
-from servelab.gateway.async_llm import AsyncLLM, EngineDeadError, EngineStepError
-from servelab.gateway.request_stream import RequestStream
+from servelab.engine.async_llm import AsyncLLM, EngineDeadError, EngineStepError
+from servelab.engine.request_stream import RequestStream
 from servelab.gateway.errors import (OpenAIError, engine_step_failed, engine_unavailable, internal_error,
                                      request_timeout, stream_reader_too_slow)
 from servelab.outputs import RequestOutput

@@ -11,7 +11,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from servelab.gateway.admission import AdmissionControl
-from servelab.gateway.async_llm import AsyncLLM
+from servelab.engine.async_llm import AsyncLLM
 from servelab.gateway.config import ServerConfig
 from servelab.gateway.errors import (OpenAIError, RequestBodyTooLarge, bad_request, client_closed,
                                      model_not_found, request_too_large, unsupported_media_type)
@@ -19,7 +19,7 @@ from servelab.gateway.job import CLIENT_CLOSED, ClientDisconnected, Job, Request
 from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from servelab.gateway.responses import ResponseBuilder
 from servelab.gateway.sse import SSEResponse
-from servelab.core.messages import EngineCoreRequest
+from servelab.core.engine_io import EngineCoreRequest
 from servelab.engine.input_processor import ContextLengthExceeded, PromptType
 from servelab.sampling_params import SamplingParams
 

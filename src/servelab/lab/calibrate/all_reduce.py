@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from servelab.executor.cost_model import AllReduceFit
+from servelab.executor.efficiency import AllReduceFit
 
 WORLD_SIZES = (2, 3)
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from servelab.core.plan import ScheduledRequest, StepPlan
-from servelab.executor.cost_model import CostModel, Efficiency, StepTotals, plan_totals
+from servelab.executor.cost_model import CostModel, StepTotals, plan_totals
+from servelab.executor.efficiency import Efficiency
 from servelab.executor.curve import PiecewiseLinear
 from servelab.lab.catalog import LOCAL_CPU
 from servelab.sampling_params import SamplingParams

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from servelab.executor.cost_model import GPU_EFFICIENCY
+from servelab.executor.efficiency import GPU_EFFICIENCY
 from servelab.lab.calibrate.target_simulation import simulate_target, stable_cap
 from servelab.lab.calibrate.targets import Target
 from servelab.lab.catalog.calibration import BOUNDS, CalibrationProfile, link_kind

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 
-from servelab.executor.cost_model import GPU_EFFICIENCY, Efficiency
+from servelab.executor.efficiency import GPU_EFFICIENCY, Efficiency
 from servelab.lab.catalog.lookup import DATA_DIR
 from servelab.specs import DeviceSpec
 

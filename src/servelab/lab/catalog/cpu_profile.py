@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from servelab.executor.cost_model import AllReduceFit, Efficiency
+from servelab.executor.efficiency import AllReduceFit, Efficiency
 from servelab.executor.curve import PiecewiseLinear
 from servelab.specs import DeviceSpec, ModelSpec
 

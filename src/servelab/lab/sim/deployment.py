@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from servelab.config import SCHEDULE_POLICIES, SchedulerConfig
 from servelab.errors import check_fields
-from servelab.executor.cost_model import GPU_EFFICIENCY, CostModel, Efficiency
+from servelab.executor.cost_model import CostModel
+from servelab.executor.efficiency import GPU_EFFICIENCY, Efficiency
 from servelab.specs import DTYPE_BYTES, GIB, QUANTIZATION_BYTES, DeviceSpec, ModelSpec
 
 ROUTERS = ("round-robin", "least-loaded")

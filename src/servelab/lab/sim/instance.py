@@ -8,10 +8,11 @@ import math
 from servelab.config import SchedulerConfig
 from servelab.core.block_manager import BlockManager
 from servelab.core.clock import VirtualClock
-from servelab.core.engine import EngineCore
+from servelab.core.engine_core import EngineCore
 from servelab.core.request import Request
 from servelab.core.scheduler import Scheduler
-from servelab.executor.cost_model import CostModel, CostModelExecutor
+from servelab.executor.cost_model import CostModel
+from servelab.executor.cost_model_executor import CostModelExecutor
 from servelab.lab.sim.step_log import StepLog
 
 

@@ -3,7 +3,7 @@
 A StepLog is a sequence of StepStats (each rebuilt on access, equal to the one appended) whose fields
 are packed arrays, one per field; the meters read the columns. Entries arrive as tuples and are packed
 a few thousand at a time (a packed array grows slowly one value at a time). A step's breakdown and a
-decode run's segments and a run's states (core/run_states.py) are kept only for the entries that have them
+decode run's segments and a run's states (core/decode_runs/run_states.py) are kept only for the entries that have them
 (steps have a breakdown, priced runs segments, runs of several steps states). Every step's end goes to one timeline, in order, at once: a request that made one token a
 step has its token times there (finished.py).
 """
@@ -15,8 +15,8 @@ from itertools import accumulate, chain
 from operator import attrgetter
 from typing import Any, Iterator
 
-from servelab.core.engine import StepStats
-from servelab.core.run_states import FIELDS as RUN_STATE_FIELDS, RunStates
+from servelab.core.engine_core import StepStats
+from servelab.core.decode_runs.run_states import FIELDS as RUN_STATE_FIELDS, RunStates
 
 BREAKDOWN_KEYS = ("weights", "attention", "communication", "overhead")  # the cost model's, in its order
 _FIELDS = ("start", "duration", "kv_usage", "num_scheduled_tokens", "num_prefill_tokens", "num_decode_requests",

@@ -4,7 +4,7 @@ from __future__ import annotations
 from http import HTTPStatus
 
 from servelab.errors import OpenAIError
-from servelab.lab.web.messages import Message
+from servelab.lab.web.i18n import Message
 from servelab.lab.web.params import LabInputError
 
 RETRY_AFTER_S = 1

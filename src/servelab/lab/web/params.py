@@ -13,7 +13,7 @@ from servelab.errors import FieldError
 from servelab.lab.catalog.calibration import calibration_names, load_calibration
 from servelab.lab.api import AdviseRequest, AutoscaleRequest, DeploymentRequest, SimulateRequest, TargetsRequest
 from servelab.rate_schedule import parse_rate_schedule
-from servelab.lab.web.messages import Message, error_message
+from servelab.lab.web.i18n import Message, error_message
 from servelab.workload import DATASETS, WorkloadConfig, generate_workload
 
 # Bounds that keep one simulation to seconds on a shared machine (the CLI has none).

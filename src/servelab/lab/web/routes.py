@@ -45,7 +45,7 @@ from servelab.specs import GIB
 from servelab.lab.web.errors import (bad_request, internal_error, lab_busy, measure_unavailable, not_found,
                                      request_too_large)
 from servelab.lab.web.measured import MeasureJob, MeasuredRequest, measured_path
-from servelab.lab.web.messages import Message, request_language
+from servelab.lab.web.i18n import Message, request_language
 from servelab.lab.web.params import LIMITS, LabInputError, field_message, lab_request
 from servelab.lab.web.presets import DEFAULT_INPUTS, DEFAULT_STAGE, PRESETS
 

@@ -11,15 +11,17 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate, chain
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from servelab.core.clock import VirtualClock, WallClock
-from servelab.core.decode_runs import DecodeRunPlanner
-from servelab.core.messages import EngineCoreOutput
+from servelab.core.engine_io import EngineCoreOutput
 from servelab.core.plan import DecodeRunPlan, StepPlan, StepResult
 from servelab.core.request import Request, RequestStatus
-from servelab.core.run_states import RunStates
 from servelab.core.scheduler import Scheduler
+
+if TYPE_CHECKING:  # the lab-only decode-run package is imported only when an EngineCore takes runs
+    from servelab.core.decode_runs.planner import DecodeRunPlanner
+    from servelab.core.decode_runs.run_states import RunStates
 
 # Longest decode run priced at once; runs end earlier at the horizon, at finishes and at block shortage.
 MAX_DECODE_STEPS = 4096
@@ -87,7 +89,10 @@ class EngineCore:
         self.stats_sink = stats_sink
         if decode_runs and not isinstance(clock, VirtualClock):
             raise ValueError("decode runs price steps instead of running them: they need a VirtualClock")
-        self.decode_runs = DecodeRunPlanner(scheduler) if decode_runs else None
+        self.decode_runs: DecodeRunPlanner | None = None
+        if decode_runs:
+            from servelab.core.decode_runs.planner import DecodeRunPlanner as Planner
+            self.decode_runs = Planner(scheduler)
         self.step_fn: Callable[..., StepOutputs] = self.step_with_decode_runs if decode_runs else self.step
         self.step_request_ids: tuple[str, ...] = ()  # the requests of the step the executor is running
 

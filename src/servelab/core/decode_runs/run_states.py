@@ -1,7 +1,7 @@
 """What the StepStats of a decode run's single steps would have said about the scheduler's state, summed up.
 
 A single step's StepStats gives the state after it: running requests, KV blocks in use, reserved slots
-not filled yet. A run (core/decode_runs.py) emits one StepStats for many steps, and inside it those states
+not filled yet. A run (core/decode_runs/planner.py) emits one StepStats for many steps, and inside it those states
 change at known steps: a member finishing at the end of a step frees its blocks and its unfilled slots, a
 block allocated in a step is held from then on, and every step fills one slot per member. RunStates holds
 their means over the run's steps, weighted by the steps' durations, and their peaks: what the meters

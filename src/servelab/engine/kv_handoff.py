@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from servelab.core.messages import EngineCoreRequest, KVTransferParams
+from servelab.core.engine_io import EngineCoreRequest, KVTransferParams
 from servelab.core.plan import SampledToken
 from servelab.outputs import RequestOutput
 

@@ -12,7 +12,7 @@ The planner is composed with the Scheduler, not part of it: it reads the schedul
 block manager, and changes them only through Scheduler.admit / finish_request and the block manager's
 allocation calls. The scheduler knows nothing of runs; in exchange, settle() must run before anything
 else reads or changes the running requests (EngineCore calls it before schedule(), aborts and stop-string
-finishes), since their tokens and timestamps are written lazily (core/decode_batch.py). Each run's
+finishes), since their tokens and timestamps are written lazily (core/decode_runs/batch.py). Each run's
 KV tokens are counted in the block manager as it is taken, so its reserved-unused count is exact
 after every run.
 """
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servelab.core.decode_batch import DecodeBatch
+from servelab.core.decode_runs.batch import DecodeBatch
 from servelab.core.plan import DecodeRunPlan, StepPlan
 from servelab.core.request import Request, RequestStatus
-from servelab.core.run_states import RunStates, run_states
+from servelab.core.decode_runs.run_states import RunStates, run_states
 from servelab.core.scheduler import Scheduler
 
 

@@ -28,13 +28,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Sequence
 
-from servelab.core.messages import EngineCoreRequest, EngineLimits
+from servelab.core.engine_io import EngineCoreRequest, EngineLimits
 from servelab.engine.core_client import EngineCoreClient, EngineDeadError, EngineStepError
 from servelab.engine.core_protocol import EngineStepOutputs
 from servelab.engine.input_processor import InputProcessor, PromptType
-from servelab.gateway.engine_loads import EngineLoads
-from servelab.gateway.kv_handoff import decode_request, first_token_output, prefill_request
-from servelab.gateway.request_stream import RequestStream
+from servelab.engine.engine_loads import EngineLoads
+from servelab.engine.kv_handoff import decode_request, first_token_output, prefill_request
+from servelab.engine.request_stream import RequestStream
 from servelab.metrics.events import EngineEvents
 from servelab.model.tokenizer import Tokenizer
 from servelab.outputs import RequestOutput

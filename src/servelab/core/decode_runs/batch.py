@@ -1,4 +1,4 @@
-"""The running requests while they take decode runs (core/decode_runs.py), counted in the batch's own steps.
+"""The running requests while they take decode runs (core/decode_runs/planner.py), counted in the batch's own steps.
 
 Consecutive runs share one DecodeBatch, so planning and taking a run cost about the same whatever the
 batch size: a member's tokens and timestamps are written to its Request only when it leaves the batch
