@@ -1,4 +1,4 @@
-"""The `servelab serve` command line: flags, then load the engine and hand over to gateway.server.
+"""The `servelab serve` command line: flags, then load the engine and hand over to entrypoints.api_server.
 Imports nothing heavy until the command runs, so `servelab --help` stays fast."""
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def run_serve(args: argparse.Namespace) -> int:
     cores, tokenizer, rendezvous = _start_engine_cores(engine_args, args.log_level)
     try:
         from servelab.engine.process_layout import process_layout
-        from servelab.gateway.server import serve
+        from servelab.entrypoints.api_server import serve
         from servelab.lab.web.routes import LAYOUT_ROUTE, build_lab_router
 
         # The lab page and its API never touch the model: outside /v1, so no API key (like /health).
