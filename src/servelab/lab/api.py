@@ -52,6 +52,7 @@ class DeploymentRequest:
     num_scheduler_steps: int = 1
     mixed_batches: bool = True
     quantization: str | None = None
+    kv_cache_dtype: str = "auto"
     first_token_from_decode: bool = False
     async_output: bool = False  # vLLM V0's asynchronous output processing: tokens reach the client a step later
 
@@ -77,7 +78,7 @@ class DeploymentRequest:
             block_size=self.block_size, router=self.router, dtype=self.dtype or defaults[2],
             enable_prefix_caching=self.enable_prefix_caching, cuda_graphs=self.cuda_graphs,
             num_scheduler_steps=self.num_scheduler_steps, mixed_batches=self.mixed_batches,
-            quantization=self.quantization,
+            quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype,
             first_token_from_decode=self.first_token_from_decode, async_output=self.async_output, **extra,
         )
 

@@ -23,7 +23,7 @@ def reference_file_targets(path: Path) -> list[Target]:
     for entry in entries:
         p = parse_point(entry)
         sim = to_simulation(p)
-        targets.append(Target(p.id, p.group, sim.deployment, sim.workload, sim.metric, p.metric.value))
+        targets.append(Target(p.id, p.group, sim.deployment, sim.workload, sim.metric, p.metric.value, p.source.url))
     return targets
 
 
@@ -35,7 +35,7 @@ def cmd_validate_reference(args: argparse.Namespace) -> int:
     # held-out values only where this profile's own cross-validation produced them for the same point
     held = [fitted.get(t.id, {}).get("held_out") if t.value == fitted.get(t.id, {}).get("measured") else None
             for t in targets]
-    report = fit_report(targets, simulated, held, profile.fit.get("summary", {}).get("folds", 0))
+    report = fit_report(targets, simulated, held)
     if args.json:
         print(json.dumps({"calibration": profile.name, **report}, indent=1))
     else:

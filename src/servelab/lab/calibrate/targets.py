@@ -31,7 +31,7 @@ class Target:
     workload: WorkloadConfig
     metric: str  # a key of the simulation's metrics
     value: float
-    excluded: str = ""  # why the fit leaves it out (it is still simulated and listed)
+    source: str = ""  # the document (or measurement file) it comes from: cross-validation holds out one at a time
 
     @property
     def gpu(self) -> str:
@@ -74,13 +74,11 @@ def _workload(config: WorkloadConfig) -> list[SampledRequest]:
     return _WORKLOADS[config]
 
 
-def reference_targets(excluded: dict[str, str] | None = None) -> list[Target]:
-    excluded = excluded or {}
+def reference_targets() -> list[Target]:
     targets = []
     for p in load_reference_points():
         sim = to_simulation(p)
-        targets.append(Target(p.id, p.group, sim.deployment, sim.workload, sim.metric, p.metric.value,
-                              excluded.get(p.id, "")))
+        targets.append(Target(p.id, p.group, sim.deployment, sim.workload, sim.metric, p.metric.value, p.source.url))
     return targets
 
 
@@ -119,4 +117,4 @@ def measurement_targets(path: Path, deployment: DeploymentFields, metrics: tuple
     if not found:
         raise ValueError(f"{path}: none of {', '.join(metrics)} is present")
     group = "measured"
-    return [Target(f"{Path(path).stem}:{m}", group, deployment, workload, m, float(data[m])) for m in found]
+    return [Target(f"{Path(path).stem}:{m}", group, deployment, workload, m, float(data[m]), str(path)) for m in found]
