@@ -20,6 +20,14 @@ def activation_dtype(dtype: str) -> str:
     return "bfloat16" if dtype in LOW_PRECISION else dtype
 
 
+def precision(dtype: str, quantization: str | None = None) -> str:
+    """The GEMMs' precision class an answer's error band is looked up by: bf16 (any 16/32-bit dtype), fp8,
+    fp4, or the weight-only quantization's name."""
+    if quantization:
+        return quantization
+    return dtype if dtype in LOW_PRECISION else "bf16"
+
+
 def kv_dtype(dtype: str, kv_cache_dtype: str = "auto") -> str:
     """The KV cache's dtype: vLLM's --kv-cache-dtype auto keeps the activations' dtype."""
     return "fp8" if kv_cache_dtype == "fp8" else activation_dtype(dtype)

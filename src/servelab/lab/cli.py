@@ -243,8 +243,25 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0 if result.evaluation.fits else api.DOES_NOT_FIT
 
 
+BANDED = (("TTFT p50", "median_ttft_ms", "ms"), ("TPOT p50", "median_tpot_ms", "ms"),
+          ("output throughput", "output_throughput", "tok/s"))
+
+
+def format_error_bands(engine: str, bands: dict | None) -> list[str]:
+    """`TTFT p50 182 ms (±20%: FP8, TP1, low load; 14 points)` for the headline figures."""
+    if bands is None:
+        return []
+    lines = [f"engine {engine}; error bands from the calibration's leave-one-source-out errors, nearest regime:"]
+    for label, key, unit in BANDED:
+        b = bands["metrics"].get(key)
+        if b is not None:
+            lines.append(f"  {label} {bands['values'][key]:,.{0 if unit == 'tok/s' else 1}f} {unit} ({b['text']})")
+    return lines
+
+
 def format_extras(result) -> list[str]:
-    lines = []
+    lines = format_error_bands(result.engine, result.error_bands and {
+        **result.error_bands, "values": result.evaluation.metrics})
     if result.autoscaling is not None:
         a = result.autoscaling.to_json()
         lines.append(f"autoscaling: {a['decision']}")
@@ -280,6 +297,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
     print(f"recommended: {rec.deployment.describe()}")
     print(f"  p99 TTFT {m['p99_ttft_ms']:,.1f} ms, p99 TPOT {m['p99_tpot_ms']:.1f} ms, "
           f"{m['output_throughput']:,.0f} output tok/s ({len(advice.candidates)} shapes simulated)")
+    for line in format_error_bands(result.engine, result.error_bands and {**result.error_bands, "values": m}):
+        print(f"  {line}")
     width = max(len(d["decision"]) for d in advice.decisions)
     for d in advice.decisions:
         print(f"  {d['decision']:<{width}}  {'taken    ' if d['taken'] else 'not taken'}  {d['why']}")

@@ -23,7 +23,8 @@ def reference_file_targets(path: Path) -> list[Target]:
     for entry in entries:
         p = parse_point(entry)
         sim = to_simulation(p)
-        targets.append(Target(p.id, p.group, sim.deployment, sim.workload, sim.metric, p.metric.value, p.source.url))
+        targets.append(Target(p.id, p.group, sim.deployment, sim.workload, sim.metric, p.metric.value, p.source.url,
+                              p.load))
     return targets
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from servelab.lab.calibrate.targets import Target
+from servelab.specs import precision
 
 WITHIN = 0.25  # a source's mean held-out error should stay within this
 CROSS_VALIDATION = "leave-one-source-out"
@@ -32,7 +33,8 @@ def fit_report(targets: list[Target], fitted: list[float | None], held_out: list
     points = []
     for t, f, h in zip(targets, fitted, held_out):
         points.append({"id": t.id, "group": t.group, "source": t.source, "gpu": t.gpu, "engine": t.engine,
-                       "dtype": t.deployment.dtype, "tp": t.deployment.tp, "metric": t.metric,
+                       "precision": precision(t.deployment.dtype, t.deployment.quantization), "tp": t.deployment.tp,
+                       "load": t.load, "metric": t.metric,
                        "measured": t.value, "fitted": f, "fitted_error": _error(f, t.value),
                        "held_out": h, "held_out_error": _error(h, t.value)})
     held = [p["held_out_error"] for p in points if p["held_out_error"] is not None]

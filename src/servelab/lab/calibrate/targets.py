@@ -32,6 +32,7 @@ class Target:
     metric: str  # a key of the simulation's metrics
     value: float
     source: str = ""  # the document (or measurement file) it comes from: cross-validation holds out one at a time
+    load: str = ""  # "low" or "high" where the source says (the reference points); "" unknown
 
     @property
     def gpu(self) -> str:
@@ -78,7 +79,8 @@ def reference_targets() -> list[Target]:
     targets = []
     for p in load_reference_points():
         sim = to_simulation(p)
-        targets.append(Target(p.id, p.group, sim.deployment, sim.workload, sim.metric, p.metric.value, p.source.url))
+        targets.append(Target(p.id, p.group, sim.deployment, sim.workload, sim.metric, p.metric.value, p.source.url,
+                              p.load))
     return targets
 
 
