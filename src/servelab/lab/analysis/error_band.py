@@ -97,8 +97,11 @@ def error_bands(profile: CalibrationProfile, deployment: dict, meters: dict, met
     points = profile.fit.get("points", [])
     regime = simulation_regime(deployment, meters, engine)
     by_kind = {kind: band(points, kind, regime) for kind in KINDS}
-    out = {"regime": regime.__dict__, "cross_validation": profile.fit.get("summary", {}).get("cross_validation"),
-           "metrics": {}}
+    summary = profile.fit.get("summary", {})
+    out = {"regime": regime.__dict__, "calibration": {
+        "name": profile.name, "cross_validation": summary.get("cross_validation"),
+        **{k: summary.get(k) for k in ("held_out_mean_abs_error", "fitted_mean_abs_error", "num_points", "num_sources")}},
+        "metrics": {}}
     for name in metrics:
         kind = metric_kind(name)
         if kind is not None:

@@ -34,7 +34,7 @@ def fit_report(targets: list[Target], fitted: list[float | None], held_out: list
     for t, f, h in zip(targets, fitted, held_out):
         points.append({"id": t.id, "group": t.group, "source": t.source, "gpu": t.gpu, "engine": t.engine,
                        "precision": precision(t.deployment.dtype, t.deployment.quantization), "tp": t.deployment.tp,
-                       "load": t.load, "metric": t.metric,
+                       "load": t.load, "input_len": t.workload.input_len, "metric": t.metric,
                        "measured": t.value, "fitted": f, "fitted_error": _error(f, t.value),
                        "held_out": h, "held_out_error": _error(h, t.value)})
     held = [p["held_out_error"] for p in points if p["held_out_error"] is not None]

@@ -494,6 +494,9 @@
     box.hidden = !(r.fits && r.error_bands);
     if (box.hidden) return;
     $("bands-title").textContent = t("bands.title", { engine: r.engine });
+    const c = r.error_bands.calibration;
+    $("bands-lead").textContent = t("bands.lead", { name: c.name, held: pct(c.held_out_mean_abs_error),
+      fitted: pct(c.fitted_mean_abs_error), points: num(c.num_points), sources: num(c.num_sources) });
     const items = BANDED.filter(([, key]) => r.error_bands.metrics[key]).map(([label, key, fmt]) => {
       const b = r.error_bands.metrics[key];
       const regime = regimeWords(b.matched);
