@@ -6,7 +6,7 @@ A profile maps dotted keys to values, each one Efficiency field at one scope:
     gpus.<gpu id>.<field>      one GPU (gpus.default.<field>: GPUs the profile has no data for)
     engines.<engine>.<field>   one serving stack (its CPU-side and API-server overheads)
 The most specific scope wins; a field no scope sets keeps GPU_EFFICIENCY's prior. The shipped `public`
-profile is fitted to the published reference points (data/reference_points.json); users save their
+profile is fitted to the published reference points (data/reference/, reference.FIT_SOURCES); users save their
 own under the cache folder and select them with --calibration NAME.
 """
 from __future__ import annotations
