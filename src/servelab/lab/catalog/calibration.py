@@ -9,8 +9,8 @@ A profile maps dotted keys to values, each one Efficiency field at one scope:
     engines.<engine>.<field>   one serving stack (its CPU-side and API-server overheads)
 The most specific scope wins; a field no scope sets keeps its prior (ENGINE_PRIORS for an engine's
 overheads, else GPU_EFFICIENCY). A family with no fitted GPU takes its lineage's (FAMILY_LINEAGE), never a
-mean over unlike chips. The shipped `public`
-profile is fitted to the published reference points (data/reference_points.json); users save their
+mean over unlike chips. The shipped `public` profile is fitted to the published reference points
+(data/reference/, reference.FIT_SOURCES); users save their
 own under the cache folder and select them with --calibration NAME.
 """
 from __future__ import annotations
