@@ -50,8 +50,15 @@ def test_the_fit_reports_held_out_errors_for_every_point():
         assert p["held_out_error"] is not None, p["id"]
     summary = PUBLIC.fit["summary"]
     assert summary["cross_validation"] == "leave-one-source-out"
+    fitted = [p for p in points if p["in_fit"]]
+    assert summary["num_points"] == len(fitted) and summary["num_sources"] == len({p["source"] for p in fitted})
     assert summary["held_out_mean_abs_error"] == pytest.approx(
-        sum(abs(p["held_out_error"]) for p in points) / len(points))
+        sum(abs(p["held_out_error"]) for p in fitted) / len(fitted))
+    # the sources the fit leaves out are predicted by it and reported apart
+    others = [p for p in points if not p["in_fit"]]
+    if others:
+        assert summary["other_sources"]["num_points"] == len(others)
+        assert not {p["source"] for p in others} & {p["source"] for p in fitted}
 
 
 def test_every_bound_has_a_written_reason():

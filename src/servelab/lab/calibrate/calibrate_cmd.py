@@ -41,6 +41,9 @@ def add_calibrate_parser(sub) -> None:
     p.add_argument("--fold-iterations", type=int, default=4,
                    help="iterations of each leave-one-source-out fold's fit (from the priors' Jacobian, Broyden-updated)")
     p.add_argument("--fit-num-prompts", type=int, default=600, help="cap on each target's requests while fitting")
+    p.add_argument("--predict-other-sources", action="store_true",
+                   help="with --reference: also predict the reference set's sources the fit leaves out (not in "
+                        "FIT_SOURCES) with the fitted constants, reported apart as held out")
     p.add_argument("--save", metavar="NAME", default=None, help="save the fitted profile under this name")
     p.add_argument("--output", type=Path, default=None, help="also write the profile JSON to this path")
     p.add_argument("--json", action="store_true", help="print the per-point results as JSON")
@@ -51,7 +54,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from servelab.lab.calibrate.cross_validation import PriorJacobian, cross_validate
     from servelab.lab.calibrate.reference_fit import candidate_keys, fit, simulate_target
     from servelab.lab.calibrate.report import fit_report, format_report
-    from servelab.lab.calibrate.targets import measurement_targets, reference_targets
+    from servelab.lab.calibrate.targets import measurement_targets, other_source_targets, reference_targets
     from servelab.lab.catalog.calibration import (DEFAULT_CALIBRATION, CalibrationProfile, load_calibration,
                                                   save_calibration, with_family_defaults)
     from servelab.lab.catalog.reference import DeploymentFields
@@ -86,7 +89,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                               num_prompts=args.fit_num_prompts, fixed=fixed, progress=log, prior_jacobian=jac)
     profile = CalibrationProfile(args.save or "unsaved", values, description)
     fitted = [simulate_target(t, profile) for t in targets]
-    report = fit_report(targets, fitted, held_out)
+    others = other_source_targets() if args.reference and args.predict_other_sources else []
+    log(f"predicting {len(others)} points of the sources the fit leaves out")
+    predicted = [simulate_target(t, profile) for t in others]
+    report = fit_report(targets + others, fitted + predicted, held_out + predicted,
+                        [True] * len(targets) + [False] * len(others))
     profile = CalibrationProfile(profile.name, values, description, fit=report)
     if args.save:
         log(f"saved {save_calibration(profile)}")

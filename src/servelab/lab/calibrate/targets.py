@@ -75,13 +75,21 @@ def _workload(config: WorkloadConfig) -> list[SampledRequest]:
     return _WORKLOADS[config]
 
 
+def point_target(p) -> Target:
+    sim = to_simulation(p)
+    return Target(p.id, p.group, sim.deployment, sim.workload, sim.metric, p.metric.value, p.source.url, p.load)
+
+
 def reference_targets() -> list[Target]:
-    targets = []
-    for p in load_reference_points():
-        sim = to_simulation(p)
-        targets.append(Target(p.id, p.group, sim.deployment, sim.workload, sim.metric, p.metric.value, p.source.url,
-                              p.load))
-    return targets
+    """The points the shipped calibration is fitted to (reference.FIT_SOURCES)."""
+    return [point_target(p) for p in load_reference_points()]
+
+
+def other_source_targets() -> list[Target]:
+    """The reference set's other sources' points that the lab can simulate: predicted by the fit, never fitted."""
+    from servelab.lab.catalog.reference import FIT_SOURCES, lab_gaps
+    from servelab.lab.catalog.reference_files import load_sources
+    return [point_target(p) for s in load_sources() if s.id not in FIT_SOURCES for p in s.points if not lab_gaps(p)]
 
 
 def measurement_targets(path: Path, deployment: DeploymentFields, metrics: tuple[str, ...] = MEASURED_METRICS,
