@@ -92,4 +92,18 @@ def check_grammar(params: StructuredOutputsParams, tokenizer: llguidance.LLToken
     return grammar
 
 
+def compile_matcher(params: StructuredOutputsParams, tokenizer: llguidance.LLTokenizer) -> llguidance.LLMatcher:
+    """A matcher for params at its start, once the grammar has been checked and its first mask computed (a
+    grammar that can produce nothing, like a schema that is only a reference to itself, fails there);
+    GrammarError naming the problem otherwise."""
+    grammar = check_grammar(params, tokenizer)
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits())
+    probe = matcher.deep_copy()
+    probe.compute_bitmask()
+    for m in (matcher, probe):
+        if m.is_error():
+            raise GrammarError(f"unusable {_NAMES[params.kind]}: {m.get_error().splitlines()[0]}")
+    return matcher
+
+
 _NAMES = {"json": "JSON schema", "regex": "regex", "choice": "choice list", "grammar": "grammar"}

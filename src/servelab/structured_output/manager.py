@@ -21,7 +21,7 @@ from llguidance.numpy import fill_next_token_bitmask, fill_next_token_bitmask_pa
 from servelab.core.plan import StepPlan, StepResult
 from servelab.core.request import Request
 from servelab.sampling_params import StructuredOutputsParams
-from servelab.structured_output.grammar import GrammarError, check_grammar, parser_limits
+from servelab.structured_output.grammar import GrammarError, compile_matcher
 
 logger = logging.getLogger(__name__)
 
@@ -103,11 +103,7 @@ class StructuredOutputManager:
             return self._tokenizer
 
     def _compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
-        grammar = check_grammar(params, self._ll_tokenizer())
-        matcher = llguidance.LLMatcher(self._ll_tokenizer(), grammar, log_level=0, limits=parser_limits())
-        if matcher.is_error():
-            raise GrammarError(matcher.get_error())
-        return matcher
+        return compile_matcher(params, self._ll_tokenizer())
 
     def _matcher(self, grammar: _RequestGrammar) -> llguidance.LLMatcher | None:
         """The request's matcher, made from its compiled template on first use and advanced over the tokens it
