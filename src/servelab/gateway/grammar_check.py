@@ -13,7 +13,7 @@ import llguidance
 
 from servelab.gateway.errors import bad_request
 from servelab.sampling_params import StructuredOutputsParams
-from servelab.structured_output import GrammarError, compile_matcher
+from servelab.structured_output import GrammarError, compile_matcher, grammar_text
 
 CHECK_TIMEOUT_S = 10.0
 MAX_CACHED = 1024
@@ -28,11 +28,18 @@ class GrammarChecker:
         self._problems: OrderedDict[StructuredOutputsParams, str | None] = OrderedDict()
 
     def _problem(self, params: StructuredOutputsParams) -> str | None:
+        try:
+            grammar_text(params)  # the shape limits first, before any tokenizer is built
+        except GrammarError as exc:
+            return str(exc)
         with self._lock:
             if params in self._problems:
                 return self._problems[params]
             if self._tokenizer is None:
-                self._tokenizer = self._tokenizer_factory()
+                try:
+                    self._tokenizer = self._tokenizer_factory()
+                except ValueError as exc:  # llguidance cannot read this tokenizer
+                    return f"structured output is not available for this model's tokenizer: {exc}"
             tokenizer = self._tokenizer
         try:
             compile_matcher(params, tokenizer)

@@ -69,7 +69,10 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 def _json_text(value: dict | str, param: str) -> str:
     if isinstance(value, str):
         return value
-    return json.dumps(value)
+    try:
+        return json.dumps(value)
+    except RecursionError as exc:
+        raise bad_request(f"{param}: the schema is nested too deeply", param=param) from exc
 
 
 def _one(sources: list[tuple[str, StructuredOutputsParams]]) -> tuple[str, StructuredOutputsParams] | None:
@@ -99,7 +102,8 @@ class StructuredFields(_Strict):
             if rf.json_schema is None or rf.json_schema.schema_ is None:
                 raise bad_request("response_format of type json_schema needs json_schema.schema",
                                   param="response_format.json_schema")
-            sources.append(("response_format", StructuredOutputsParams("json", json.dumps(rf.json_schema.schema_))))
+            sources.append(("response_format", StructuredOutputsParams(
+                "json", _json_text(rf.json_schema.schema_, "response_format"))))
         so = self.structured_outputs
         if so is not None:
             fields = [(name, value) for name, value in (("json", so.json_), ("regex", so.regex), ("choice", so.choice),
@@ -172,15 +176,18 @@ class ToolFields(_Strict):
         mode = self.tool_mode
         if mode == "named":
             function = next(t.function for t in self.tools or () if t.function.name == self.named_tool)
-            schema = json.dumps(function.parameters) if function.parameters is not None else ANY_JSON_OBJECT
+            schema = (_json_text(function.parameters, "tool_choice") if function.parameters is not None
+                      else ANY_JSON_OBJECT)
             return "tool_choice", StructuredOutputsParams("json", schema)
         if mode == "required":
             functions = [t.function.model_dump() for t in self.tools or ()]
             parallel = self.parallel_tool_calls is not False
-            return "tool_choice", StructuredOutputsParams("json", json.dumps(required_tools_schema(functions, parallel)))
+            return "tool_choice", StructuredOutputsParams(
+                "json", _json_text(required_tools_schema(functions, parallel), "tools"))
         return None
 
     def function_schemas(self) -> list[tuple[str, StructuredOutputsParams]]:
         """Each function's parameters as a grammar, to be checked (a bad one is a 400 naming it)."""
-        return [(f"tools[{i}].function.parameters", StructuredOutputsParams("json", json.dumps(t.function.parameters)))
+        return [(f"tools[{i}].function.parameters", StructuredOutputsParams(
+                    "json", _json_text(t.function.parameters, f"tools[{i}].function.parameters")))
                 for i, t in enumerate(self.tools or ()) if t.function.parameters is not None]

@@ -25,8 +25,8 @@ class _ChoiceState:
 
 
 class ResponseBuilder:
-    def __init__(self, tokenizer: Tokenizer, reasoning: bool = False) -> None:
-        """reasoning: split <think> text out of chat output (--reasoning-parser)."""
+    def __init__(self, tokenizer: Tokenizer, reasoning: str | None = None) -> None:
+        """reasoning: the --reasoning-parser splitting <think> text out of chat output, or None."""
         self.tokenizer = tokenizer
         self.reasoning = reasoning
         self._token_strs: dict[int, str] = {}
@@ -34,7 +34,7 @@ class ResponseBuilder:
     def _chat_parser(self, req: ChatCompletionRequest) -> ChatOutputParser | None:
         """A parser of one choice's text when tools or reasoning are in play; None for plain content."""
         mode = req.tool_mode
-        if mode is None and not self.reasoning:
+        if mode is None and self.reasoning is None:
             return None
         return ChatOutputParser(self.reasoning, mode, req.named_tool)
 

@@ -41,7 +41,7 @@ class OpenAIServing:
         self.tokenizer = engine.input_processor.tokenizer
         self.admission = admission
         self.config = config
-        self.responses = ResponseBuilder(self.tokenizer, reasoning=config.reasoning_parser is not None)
+        self.responses = ResponseBuilder(self.tokenizer, reasoning=config.reasoning_parser)
         processor = self.input_processor
         self.grammars = GrammarChecker(lambda: ll_tokenizer(self.tokenizer.to_json(), processor.limits.vocab_size,
                                                             processor.eos_token_ids))

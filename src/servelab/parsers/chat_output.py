@@ -49,10 +49,10 @@ def _hermes_call(text: str) -> ToolCall | None:
 
 
 class ChatOutputParser:
-    def __init__(self, reasoning: bool = False, tool_mode: str | None = None, tool_name: str | None = None) -> None:
-        """reasoning: split `<think>` text out (--reasoning-parser). tool_mode: None, "auto", "named" (with
-        tool_name) or "required"."""
-        self._reasoning = ReasoningSplitter() if reasoning else None
+    def __init__(self, reasoning: str | None = None, tool_mode: str | None = None, tool_name: str | None = None) -> None:
+        """reasoning: the --reasoning-parser that splits `<think>` text out, or None. tool_mode: None, "auto",
+        "named" (with tool_name) or "required"."""
+        self._reasoning = ReasoningSplitter(starts_in_reasoning=reasoning == "deepseek_r1") if reasoning else None
         self.tool_mode = tool_mode
         self.tool_name = tool_name
         self.reasoning_text = ""

@@ -1,7 +1,7 @@
 """Reasoning text between `<think>` and `</think>` (DeepSeek-R1, Qwen3, SmolLM3 and the like).
 
-A template may open `<think>` in the prompt itself (DeepSeek-R1's does), so output that holds `</think>` is
-reasoning up to it even without the opening tag; output with neither tag is all content."""
+DeepSeek-R1's template opens `<think>` in the prompt itself, so with --reasoning-parser deepseek_r1 the output
+is reasoning from its start up to `</think>`; with qwen3 (or think) only output that opens `<think>` has any."""
 from __future__ import annotations
 
 THINK_START = "<think>"
@@ -23,8 +23,10 @@ class ReasoningSplitter:
     while it may still be the opening tag; after `<think>` everything is reasoning up to `</think>`."""
 
     def __init__(self, starts_in_reasoning: bool = False) -> None:
-        self.state = "reasoning" if starts_in_reasoning else "start"
+        self.state = "start"
+        self._untagged = "reasoning" if starts_in_reasoning else "content"  # what output without <think> is
         self._buffer = ""
+        self._after_reasoning = False  # content's leading newlines after </think> are dropped
 
     def feed(self, text: str, final: bool = False) -> tuple[str, str]:
         self._buffer += text
@@ -36,25 +38,23 @@ class ReasoningSplitter:
                 if stripped.startswith(THINK_START):
                     self.state, self._buffer = "reasoning", stripped[len(THINK_START):]
                     continue
-                if THINK_END in buffer:  # the template opened the tag
-                    head, _, tail = buffer.partition(THINK_END)
-                    reasoning += head
-                    self.state, self._buffer = "content", tail
-                    continue
                 if not final and (THINK_START.startswith(stripped) or not stripped):
                     break  # may still be the opening tag
-                self.state = "content"
+                self.state = self._untagged
                 continue
             if self.state == "reasoning":
                 if THINK_END in buffer:
                     head, _, tail = buffer.partition(THINK_END)
                     reasoning += head
-                    self.state, self._buffer = "content", tail.lstrip("\n")
+                    self.state, self._buffer, self._after_reasoning = "content", tail, True
                     continue
                 keep = 0 if final else _held_back(buffer, THINK_END)
                 reasoning += buffer[:len(buffer) - keep]
                 self._buffer = buffer[len(buffer) - keep:]
                 break
+            if self._after_reasoning:
+                buffer = buffer.lstrip("\n")
+                self._after_reasoning = not buffer
             content += buffer
             self._buffer = ""
             break

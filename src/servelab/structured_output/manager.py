@@ -103,7 +103,11 @@ class StructuredOutputManager:
             return self._tokenizer
 
     def _compile(self, params: StructuredOutputsParams) -> llguidance.LLMatcher:
-        return compile_matcher(params, self._ll_tokenizer())
+        try:
+            tokenizer = self._ll_tokenizer()
+        except ValueError as exc:  # llguidance cannot read this tokenizer
+            raise GrammarError(f"structured output is not available for this model's tokenizer: {exc}") from exc
+        return compile_matcher(params, tokenizer)
 
     def _matcher(self, grammar: _RequestGrammar) -> llguidance.LLMatcher | None:
         """The request's matcher, made from its compiled template on first use and advanced over the tokens it
