@@ -137,6 +137,14 @@ def build_app(gateway: Gateway, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await gateway.serving.create_chat_completion(request)
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return await gateway.serving.tokenize(request)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return await gateway.serving.detokenize(request)
+
     @app.get("/v1/models", **models_route())
     async def models() -> dict:
         created = int(gateway.started_at)

@@ -30,6 +30,8 @@ class ServerConfig:
     body_read_timeout: float = 30.0
     max_unsent_tokens: int = 4096
     allowed_origins: tuple[str, ...] = ()  # CORS is off unless origins are given
+    # split <think>...</think> out of chat output as reasoning_content (vLLM's --reasoning-parser names)
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         checks = [
