@@ -98,13 +98,17 @@ class ModelExecutor:
         path = entry_path(model_hash, settings)
         cached = load_entry(path, model_hash, settings)
         if cached is not None and model.load_int8(cached):
+            logger.info("int8 weights from the cache: %s", path)
             return
+        started = time.perf_counter()
         calibration_ids = Tokenizer.from_pretrained(folder).encode(CALIBRATION_TEXT.read_text(encoding="utf-8"))
         input_absmax = self.linear_input_absmax(calibration_ids)
         model.quantize_int8(input_absmax)
         tensors = {**{f"absmax.{name}": v for name, v in input_absmax.items()}, **model.int8_state()}
         try:
             save_entry(path, tensors, model_hash, settings)
+            logger.info("int8: calibrated on %d tokens and quantized in %.1f s; cached in %s", len(calibration_ids),
+                        time.perf_counter() - started, path)
         except OSError as exc:  # a read-only or full cache: the next start calibrates again
             logger.warning("could not cache the int8 weights in %s: %s", path, exc)
 
