@@ -284,6 +284,9 @@ def workload_json(config: WorkloadConfig) -> dict:
         del out["rate_schedule"]
     if not config.shares_prefixes:  # keys of the prefix-shared dataset only
         del out["prefix_len"], out["num_prefixes"]
+    if config.trace is None:  # keys of a replayed trace only
+        for key in ("trace", "trace_format", "time_scale", "max_requests", "sample"):
+            del out[key]
     out["request_rate"] = "inf" if math.isinf(config.request_rate) else config.request_rate
     return out
 

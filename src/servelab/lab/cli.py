@@ -14,6 +14,7 @@ from servelab.errors import FieldError
 from servelab.lab.api import DeploymentRequest, TargetsRequest
 from servelab.lab.catalog import LOCAL_CPU, gpu_ids, model_ids
 from servelab.lab.sim.deployment import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, ROUTERS
+from servelab.trace_formats import add_trace_args, trace_fields
 from servelab.workload import DATASETS, WorkloadConfig
 
 # API field -> flag, where the flag is not the field with dashes
@@ -100,6 +101,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
                         "steps:0=2,600=8,1200=2,1800=2 | ramp:0=1,900=20,1800=1 | "
                         "diurnal:mean=10,peak=18,hours=24 | trace:FILE (arrival seconds, one per line)")
     p.add_argument("--seed", type=int, default=WorkloadConfig.seed)
+    add_trace_args(p)
     p.add_argument("--ttft-target", type=duration_ms, default=None, metavar="DURATION", help="e.g. 500ms or 0.5s")
     p.add_argument("--tpot-target", type=duration_ms, default=None, metavar="DURATION", help="e.g. 50ms")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -231,7 +233,7 @@ def workload_config(args: argparse.Namespace) -> WorkloadConfig:
     return WorkloadConfig(dataset=args.dataset, num_prompts=args.num_prompts, input_len=args.input_len,
                           output_len=args.output_len, range_ratio=args.range_ratio, request_rate=args.request_rate,
                           burstiness=args.burstiness, seed=args.seed, rate_schedule=args.rate_schedule,
-                          prefix_len=args.prefix_len, num_prefixes=args.num_prefixes)
+                          prefix_len=args.prefix_len, num_prefixes=args.num_prefixes, **trace_fields(args))
 
 
 def targets_request(args: argparse.Namespace) -> TargetsRequest:

@@ -19,7 +19,8 @@ from servelab.lab.sim.deployment import Deployment, MemoryPlan, plan_memory
 from servelab.lab.sim.finished import SimulatedRequest
 from servelab.lab.sim.instance import Instance
 from servelab.lab.sim.scaling import Autoscaler, Pool, ScaleSample, ScalingConfig
-from servelab.workload import SampledRequest
+from servelab.trace_formats import MOONCAKE_BLOCK_TOKENS
+from servelab.workload import SampledRequest, block_hash_prompt
 from servelab.sampling_params import SamplingParams
 
 # Fixed cost of starting one KV transfer (connector handshake, RDMA registration): an assumption,
@@ -36,6 +37,12 @@ def prefix_shared_prompt(index: int, w: SampledRequest) -> list[int]:
     group = w.prefix_group
     assert group is not None  # called for requests of a prefix group only
     return [group] * w.prefix_len + [-1 - index] * (w.prompt_len - w.prefix_len)
+
+
+def trace_block_prompt(w: SampledRequest) -> list[int]:
+    """Stand-in token ids for a trace's prompt blocks: block hash id h as MOONCAKE_BLOCK_TOKENS tokens of id h,
+    so prompts sharing leading hash ids share those cached blocks and no others."""
+    return block_hash_prompt(w.block_hash_ids, w.prompt_len, lambda h: [h] * MOONCAKE_BLOCK_TOKENS)
 
 
 class DoesNotFit(ValueError):
@@ -208,7 +215,9 @@ class _Simulation:
         instance: Instance = self.front_balancer.pick()  # type: ignore[assignment]  # its pool's instances
         self.num_arrivals_since_tick += 1
         max_tokens = 1 if instance.role == "prefill" else w.output_len
-        if w.prefix_group is None:
+        if w.block_hash_ids:
+            request = Request(str(index), trace_block_prompt(w), self.params, max_tokens, (), time, cache_prefix=True)
+        elif w.prefix_group is None:
             prompt = self.prompts.get(w.prompt_len)
             if prompt is None:
                 prompt = self.prompts[w.prompt_len] = [0] * w.prompt_len
