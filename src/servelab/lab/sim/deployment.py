@@ -10,7 +10,7 @@ from servelab.executor.cost_model import CostModel
 from servelab.executor.efficiency import GPU_EFFICIENCY, Efficiency
 from servelab.specs import DTYPE_BYTES, GIB, QUANTIZATION_BYTES, DeviceSpec, ModelSpec
 
-ROUTERS = ("round-robin", "least-loaded")
+ROUTERS = ("round-robin", "least-loaded", "prefix")
 # vLLM's defaults on a datacenter GPU: --gpu-memory-utilization 0.9, max_num_seqs 256 and a chunked-prefill
 # token budget of 8192 for the OpenAI server.
 GPU_MEMORY_UTILIZATION = 0.9

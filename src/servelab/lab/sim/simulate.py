@@ -14,6 +14,7 @@ import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from servelab.core.block_hash import hash_token_blocks
 from servelab.core.request import Request, RequestStatus
 from servelab.lab.sim.deployment import Deployment, MemoryPlan, plan_memory
 from servelab.lab.sim.finished import SimulatedRequest
@@ -119,7 +120,10 @@ class _Simulation:
                   else {"mixed": d.num_instances})
         if autoscaler is not None:
             counts = {role: scaling.clamp(num) for role, num in counts.items()}
-        self.pools = {role: Pool(role, d.router, self._make_instance, num) for role, num in counts.items()}
+        # the prefix router places prompts; KV arriving at a decode pool goes to the least loaded instance
+        routers = {role: "least-loaded" if role == "decode" and d.router == "prefix" else d.router for role in counts}
+        self.pools = {role: Pool(role, routers[role], self._make_instance, num, memory.num_blocks)
+                      for role, num in counts.items()}
         self.front_pool = self.pools["prefill" if d.disaggregated else "mixed"]
         self.back_pool = self.pools.get("decode")
         self.front_balancer = self.front_pool.balancer
@@ -212,9 +216,8 @@ class _Simulation:
 
     def _arrive(self, index: int, time: float) -> None:
         w = self.workload[index]
-        instance: Instance = self.front_balancer.pick()  # type: ignore[assignment]  # its pool's instances
         self.num_arrivals_since_tick += 1
-        max_tokens = 1 if instance.role == "prefill" else w.output_len
+        max_tokens = 1 if self.d.disaggregated else w.output_len
         if w.block_hash_ids:
             request = Request(str(index), trace_block_prompt(w), self.params, max_tokens, (), time, cache_prefix=True)
         elif w.prefix_group is None:
@@ -225,6 +228,10 @@ class _Simulation:
         else:
             request = Request(str(index), prefix_shared_prompt(index, w), self.params, max_tokens, (), time,
                               cache_prefix=True)
+        balancer = self.front_balancer
+        hashes = (hash_token_blocks(request.prompt_token_ids, self.d.block_size)
+                  if balancer.needs_block_hashes and request.cache_prefix else [])
+        instance: Instance = balancer.pick(hashes)  # type: ignore[assignment]  # its pool's instances
         instance.add_request(request)
         self._wake(instance, time)
 
