@@ -10,6 +10,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servelab.errors import FieldError
 from servelab.lab.analysis.autoscale_policies import AutoscalePolicyConfig
@@ -24,6 +25,9 @@ from servelab.lab.catalog.calibration import DEFAULT_CALIBRATION, DEFAULT_ENGINE
 from servelab.lab.sim.deployment import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, Deployment
 from servelab.lab.sim.scaling import ScalingConfig
 from servelab.workload import WorkloadConfig, describe, generate_workload
+
+if TYPE_CHECKING:
+    from servelab.lab.analysis.frontier import Frontier
 
 DOES_NOT_FIT = 1
 
@@ -246,7 +250,16 @@ def sweep(request: SweepRequest) -> SweepResult:
     return SweepResult(points, plot_sweep(points, request.vary, request.meter, request.output, title), title)
 
 
-def frontier(request: FrontierRequest):
+@dataclass(frozen=True)
+class FrontierResult:
+    frontier: "Frontier"
+    workload: WorkloadConfig
+
+    def to_json(self) -> dict:
+        return {**self.frontier.to_json(), "workload": workload_json(self.workload)}
+
+
+def frontier(request: FrontierRequest) -> FrontierResult:
     """Every shape of up to max_gpus GPUs of each type (GPU counts in powers of two) x max_num_seqs, priced."""
     from servelab.lab.analysis.frontier import DEFAULT_GPU_COUNTS, LATENCY_METRICS, search
     from servelab.lab.catalog.prices import load_prices
@@ -275,7 +288,8 @@ def frontier(request: FrontierRequest):
             skipped[gpu] = str(err)
     counts = tuple(n for n in DEFAULT_GPU_COUNTS if n <= request.max_gpus) or (request.max_gpus,)
     workload = generate_workload(request.workload)
-    return search(bases, prices, workload, targets, counts, request.max_num_seqs, request.latency_metric, skipped)
+    return FrontierResult(search(bases, prices, workload, targets, counts, request.max_num_seqs,
+                                 request.latency_metric, skipped), request.workload)
 
 
 def workload_json(config: WorkloadConfig) -> dict:

@@ -294,13 +294,13 @@ def cmd_frontier(args: argparse.Namespace, all_points: bool) -> int:
     from servelab.workload import describe
 
     request = frontier_request(args)
-    result = api.frontier(request)
+    answer = api.frontier(request)
+    result = answer.frontier
     plot = None
     if args.plot is not None:
         plot = plot_frontier(result, args.plot, f"{request.deployment.model}: {describe(request.workload)}")
     if args.json:
-        sys.stdout.write(api.format_json({**result.to_json(), "workload": api.workload_json(request.workload),
-                                          **({"plot": str(plot)} if plot else {})}))
+        sys.stdout.write(api.format_json({**answer.to_json(), **({"plot": str(plot)} if plot else {})}))
     else:
         t = request.targets
         print(f"{request.deployment.model}, workload: {describe(request.workload)}; targets: p99 TTFT <= "
