@@ -25,15 +25,17 @@ from servelab.bench.loadgen import ClientConfig, first_model_id
 from servelab.bench.serve import (add_output_args, add_request_args, add_workload_args, parse_goodput,
                                   requests_from_args, run_benchmark)
 
-STAGES = ("serial", "static", "continuous", "tp", "disaggregated", "dp", "prefix")
+STAGES = ("serial", "static", "continuous", "tp", "disaggregated")  # the default: the evolution path 1-5
+# Stage 6 and the replicas it is compared with, on request (--stages dp,prefix): they need prompts that share
+# prefixes (--dataset prefix-shared, or a trace with hash_ids).
+ROUTING_STAGES = ("dp", "prefix")
+ALL_STAGES = STAGES + ROUTING_STAGES
 STAGE_LABELS = {"serial": "1 serial", "static": "2 static batching", "continuous": "3 continuous + paged",
                 "tp": "4 tensor parallel -tp 3", "disaggregated": "5 disaggregated 1:1",
                 "dp": "6a data parallel -dp 2, least-loaded", "prefix": "6 KV-aware routing -dp 2 --router prefix"}
 # Stage 4's size: the default model's 9 attention heads and 3 KV heads split by 3.
 STAGE4_TENSOR_PARALLEL_SIZE = 3
 # Stages past 3 run continuous batching plus the flags that make them.
-# Stage 6 needs a workload whose prompts share prefixes (--dataset prefix-shared, or a trace with hash_ids:
-# --trace benchmarks/traces/mooncake_synthetic.jsonl --trace-format mooncake).
 STAGE_FLAGS = {"tp": ["--tensor-parallel-size", str(STAGE4_TENSOR_PARALLEL_SIZE)],
                "disaggregated": ["--disaggregate", "1:1"],
                "dp": ["--data-parallel-size", "2", "--router", "least-loaded"],
@@ -97,7 +99,7 @@ class ServelabServer(ServerProcess):
 def add_parser(sub) -> None:
     p = sub.add_parser("stages", help="serve the same model in each evolution stage, same workload, compare")
     p.add_argument("--model", default=None, help="model folder or .gguf (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from " + ",".join(STAGES))
+    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from " + ",".join(ALL_STAGES))
     p.add_argument("--max-num-seqs", type=int, default=32, help="batch slots of the static and continuous stages")
     p.add_argument("--server-args", default="", help='more `servelab serve` flags for every stage, e.g. '
                    '--server-args="--dtype float32 --num-threads 2"')
@@ -125,9 +127,9 @@ def stage_flags(stage: str, max_num_seqs: int, num_prompts: int, server_args: st
 
 def parse_stages(text: str) -> list[str]:
     stages = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in stages if s not in STAGES]
+    unknown = [s for s in stages if s not in ALL_STAGES]
     if not stages or unknown:
-        raise ValueError(f"--stages takes a comma-separated list from {', '.join(STAGES)}, got {text!r}")
+        raise ValueError(f"--stages takes a comma-separated list from {', '.join(ALL_STAGES)}, got {text!r}")
     return stages
 
 
