@@ -6,12 +6,10 @@
 (() => {
   const GPUS = ["h100", "h200", "a100-80gb", "mi300x"];
   const MAX_PROMPTS = 200;  // a short workload: the search simulates every shape
-  const MAX_BUSY_RETRIES = 120;
   const W = 460, H = 220, PAD_L = 46, PAD_B = 28, PAD_T = 8, PAD_R = 8;
   const { t, fmt } = window.LabI18n;
   const { num, pct } = fmt;
   const $ = (id) => document.getElementById(id);
-  const sleep = (msDelay) => new Promise((resolve) => setTimeout(resolve, msDelay));
   let last = null;
 
   function requestBody() {
@@ -27,22 +25,9 @@
     return body;
   }
 
-  async function post(body) {
-    for (let attempt = 0; attempt <= MAX_BUSY_RETRIES; attempt++) {
-      const response = await fetch(window.LabI18n.api("/lab/api/frontier"), {
-        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-      });
-      if (response.status === 429) {
-        $("fr-status").replaceChildren(window.LabI18n.keyed("status.waiting"));
-        await sleep(1000 * Number(response.headers.get("Retry-After") || 1));
-        continue;
-      }
-      const payload = await response.json();
-      if (!response.ok) throw new Error((payload.error || {}).message || response.statusText);
-      return payload;
-    }
-    throw new Error(t("error.busy"));
-  }
+  // re-translated on a switch while it waits
+  const post = (body) => window.LabI18n.post("/lab/api/frontier", body,
+    () => $("fr-status").replaceChildren(window.LabI18n.keyed("status.waiting")));
 
   function svg(tag, attrs, text) {
     const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
