@@ -11,7 +11,7 @@ from servelab.executor.efficiency import GPU_EFFICIENCY, Efficiency
 from servelab.specs import (DTYPE_BYTES, GIB, KV_CACHE_DTYPES, QUANTIZATION_BYTES, DeviceSpec, ModelSpec,
                             activation_dtype, kv_dtype)
 
-ROUTERS = ("round-robin", "least-loaded")
+ROUTERS = ("round-robin", "least-loaded", "prefix")
 # vLLM's defaults on a datacenter GPU: --gpu-memory-utilization 0.9, max_num_seqs 256 and a chunked-prefill
 # token budget of 8192 for the OpenAI server.
 GPU_MEMORY_UTILIZATION = 0.9
