@@ -4,6 +4,7 @@ loop. Requests come in preprocessed (EngineCoreRequest) and state goes out as va
 nothing outside reaches into the scheduler or the KV cache."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from servelab.engine.output_processor import OutputProcessor
 from servelab.engine_args import EngineArgs
 from servelab.executor.model_executor import ModelExecutor
 from servelab.metrics.events import EngineState
+from servelab.model.auto_quantization import QuantizationChoice, resolve_quantization
 from servelab.model.gguf_weights import gguf_file
 from servelab.model.loader import DEFAULT_MODEL, load_model_config, resolve_dtype, resolve_model_path
 from servelab.model.tokenizer import Tokenizer
@@ -69,11 +71,15 @@ class LLMEngine:
         self._kv_awaited: dict[int, Request] = {}  # decode side: transfer tag -> request whose KV is on its way
         self._kv_arrived: list[tuple[Request, torch.Tensor]] = []  # received, waiting for free blocks
         self._kv_sending: set[str] = set()  # prefill side: held blocks on the wire
+        # what --quantization (auto by default) resolved to, and why (from_engine_args sets it)
+        self.quantization_choice = QuantizationChoice(None, config.cache.cache_dtype, "float weights")
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
+        choice = resolve_quantization(args)
+        args = dataclasses.replace(args, quantization=choice.quantization, kv_cache_dtype=choice.kv_cache_dtype)
         folder = resolve_model_path(args.model)
         model_config = load_model_config(folder)
         dtype = resolve_dtype(args.dtype)
@@ -96,7 +102,9 @@ class LLMEngine:
             from servelab.kv_transfer.p2p_connector import P2PKVConnector
 
             connector = P2PKVConnector.from_config(config.kv_transfer, executor.kv_caches)
-        return cls(config, tokenizer, executor, Path(args.model).name if args.model else DEFAULT_MODEL, connector)
+        engine = cls(config, tokenizer, executor, Path(args.model).name if args.model else DEFAULT_MODEL, connector)
+        engine.quantization_choice = choice
+        return engine
 
     @property
     def max_model_len(self) -> int:
