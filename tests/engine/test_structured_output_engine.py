@@ -62,12 +62,17 @@ def test_sampled_outputs_match_and_logprobs_describe_the_model(tiny_llama_dir):
         assert all(lp.logprob > float("-inf") for lp in output.outputs[0].logprobs)
 
 
-def test_a_compiling_grammar_does_not_hold_up_the_batch(tiny_llama_dir):
-    llm = LLM(str(tiny_llama_dir), dtype="float32", num_kv_blocks=256, num_threads=1)
-    engine = llm.engine
+def gated_engine(tiny_llama_dir):
+    """An engine whose grammars cannot compile until the returned event is set."""
+    engine = LLM(str(tiny_llama_dir), dtype="float32", num_kv_blocks=256, num_threads=1).engine
     gate = threading.Event()
     build = engine.grammars._tokenizer_factory
     engine.grammars._tokenizer_factory = lambda: (gate.wait(60), build())[1]
+    return engine, gate
+
+
+def test_a_compiling_grammar_does_not_hold_up_the_batch(tiny_llama_dir):
+    engine, gate = gated_engine(tiny_llama_dir)
     plain, waiting = (engine.input_processor.process_inputs(request_id, "Hello", params) for request_id, params in (
         ("plain", SamplingParams(temperature=0, max_tokens=4)), ("waiting", constrained(GRAMMARS[2], temperature=0))))
     engine.add_request(waiting)
@@ -88,11 +93,7 @@ def test_a_compiling_grammar_does_not_hold_up_the_batch(tiny_llama_dir):
 
 
 def test_an_aborted_waiting_request_ends(tiny_llama_dir):
-    llm = LLM(str(tiny_llama_dir), dtype="float32", num_kv_blocks=256, num_threads=1)
-    engine = llm.engine
-    gate = threading.Event()
-    build = engine.grammars._tokenizer_factory
-    engine.grammars._tokenizer_factory = lambda: (gate.wait(60), build())[1]
+    engine, gate = gated_engine(tiny_llama_dir)
     engine.add_request(engine.input_processor.process_inputs("w", "Hello", constrained(GRAMMARS[1])))
     outputs = engine.abort_request("w")
     assert [o.outputs[0].finish_reason for o in outputs] == ["abort"] and not engine.has_unfinished_requests()
