@@ -116,8 +116,9 @@ class EngineArgs:
                            cache_dtype=self.kv_cache_dtype)
 
     def parallel_config(self) -> ParallelConfig:
-        if self.quantization not in (None, "none", "auto") and self.tensor_parallel_size != 1:
-            raise ValueError("--quantization runs on one rank only; use --tensor-parallel-size 1")
+        if self.quantization == "gguf" and self.tensor_parallel_size != 1:
+            raise ValueError("--quantization gguf runs on one rank only; use --tensor-parallel-size 1, or "
+                             "--quantization int8, which runs at every tensor-parallel size")
         return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes,
                               node_rank=self.node_rank, master_addr=self.master_addr, master_port=self.master_port)
 

@@ -89,7 +89,9 @@ class ModelExecutor:
 
     def quantize_int8(self, folder: Path) -> None:
         """SmoothQuant-calibrate the float model and make every matrix int8, or load both from the cache
-        (model/quant_cache.py) where an entry for this model's content and this calibration exists."""
+        (model/quant_cache.py) where an entry for this model's content and this calibration exists. A
+        tensor-parallel rank takes its part of the single-rank result (from the cache, or from a single-rank
+        model it calibrates itself), so that every tensor-parallel size runs the same int8 values."""
         model = self.model
         model_hash = model_content_hash(folder)
         settings = config_hash(text_sha256=hashlib.sha256(CALIBRATION_TEXT.read_bytes()).hexdigest(),
@@ -99,6 +101,13 @@ class ModelExecutor:
         cached = load_entry(path, model_hash, settings)
         if cached is not None and model.load_int8(cached):
             logger.info("int8 weights from the cache: %s", path)
+            return
+        if model.tp.world_size > 1:
+            single = ModelExecutor.from_pretrained(
+                folder, model.config, CacheConfig(block_size=self.block_size, num_blocks=1), model.dtype,
+                CALIBRATION_CHUNK_TOKENS, quantization="int8")
+            if not model.load_int8(single.model.int8_state()):
+                raise ValueError("the single-rank int8 weights do not fit this rank's shapes")
             return
         started = time.perf_counter()
         calibration_ids = Tokenizer.from_pretrained(folder).encode(CALIBRATION_TEXT.read_text(encoding="utf-8"))
