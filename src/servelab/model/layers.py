@@ -103,8 +103,9 @@ class ColumnParallelLinear(QuantizableLinear):
     def load(self, weights: list[torch.Tensor | GGUFWeight], biases: list[torch.Tensor] | None = None) -> None:
         """Full (unsharded) weights of each fused part, in order; this rank keeps its rows. GGUF
         blocks of one type are kept as stored."""
-        fused = _fused_parts(weights)
-        if isinstance(fused, GGUFWeight):
+        if isinstance(self.quantized, Int8Weight):
+            pass  # int8 from the cache already (the float weights were not read)
+        elif isinstance(fused := _fused_parts(weights), GGUFWeight):
             self._set_quantized(fused)
         else:
             self.weight.data.copy_(self._shard(fused))
@@ -148,7 +149,9 @@ class RowParallelLinear(QuantizableLinear):
         self.input_size = input_size // tp.world_size  # this rank's
         self.weight = _weight(output_size, self.input_size, dtype=dtype)  # (output_size, input_size / N)
 
-    def load(self, weight: torch.Tensor | GGUFWeight) -> None:
+    def load(self, weight: torch.Tensor | GGUFWeight | None) -> None:
+        if isinstance(self.quantized, Int8Weight):
+            return  # int8 from the cache already (the float weights were not read)
         if isinstance(weight, GGUFWeight):
             self._set_quantized(weight)
         else:
@@ -179,7 +182,9 @@ class VocabParallelEmbedding(QuantizableLinear):
         self.vocab_end = min(self.vocab_start + self.num_embeddings, vocab_size)
         self.weight = _weight(self.num_embeddings, hidden_size, dtype=dtype)  # (vocab_size / N, hidden)
 
-    def load(self, weight: torch.Tensor | GGUFWeight) -> None:
+    def load(self, weight: torch.Tensor | GGUFWeight | None) -> None:
+        if isinstance(self.quantized, Int8Weight):
+            return  # an int8 LM head from the cache already (the float weights were not read)
         if isinstance(weight, GGUFWeight):
             self._set_quantized(weight)
             return

@@ -368,9 +368,10 @@ class LlamaForCausalLM(nn.Module):
         sd = {k.removeprefix("model."): v for k, v in state_dict.items()}  # copy_ casts to self.dtype
         self.embedding.load(sd.pop("embed_tokens.weight"))
         self.norm.data.copy_(sd.pop("norm.weight"))
+        has_head = "lm_head.weight" in sd  # its value is None where an int8 head from the cache replaces it
         head = sd.pop("lm_head.weight", None)
         if not self.config.tie_word_embeddings:
-            if head is None:
+            if not has_head:
                 raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
             self.head.load(head)
         for i, layer in enumerate(self.layers):
@@ -397,6 +398,8 @@ class LlamaForCausalLM(nn.Module):
             # One C++ call per step has no room for all-reduces: the single-process engine only.
             if self.tp.world_size == 1 and self.quantization != "int8":
                 self._decode_runner = self._build_decode_runner()
+            if self.layers[0].qkv_proj.quantized is not None:  # int8 loaded before the float weights (the cache)
+                self._w8a8_layers = self._gather_w8a8_layers()
 
     def _build_decode_runner(self):
         """The fused path's decode step of one sequence as one C++ call (kernels/decode_step.cpp), on
