@@ -30,6 +30,7 @@ from servelab.model.gguf_weights import gguf_file
 from servelab.model.loader import DEFAULT_MODEL, load_model_config, resolve_dtype, resolve_model_path
 from servelab.model.tokenizer import Tokenizer
 from servelab.outputs import RequestOutput
+from servelab.structured_output import StructuredOutputManager, ll_tokenizer
 
 if TYPE_CHECKING:
     from servelab.kv_transfer.p2p_connector import KVTransferDone, P2PKVConnector
@@ -53,10 +54,14 @@ class LLMEngine:
         self._block_manager = BlockManager(executor.num_blocks, config.cache.block_size, enable_caching=(
             config.cache.enable_prefix_caching and not config.scheduler.contiguous))
         self._scheduler = Scheduler(config.scheduler, self._block_manager)
-        self.core = EngineCore(self._scheduler, executor, WallClock(), stats_sink=self._on_step_stats)
+        self.eos_token_ids = tuple(sorted(set(tokenizer.eos_token_ids) | set(config.model.eos_token_ids)))
+        self.grammars = StructuredOutputManager(
+            lambda: ll_tokenizer(tokenizer.to_json(), config.model.vocab_size, self.eos_token_ids),
+            config.model.vocab_size)
+        self.core = EngineCore(self._scheduler, executor, WallClock(), stats_sink=self._on_step_stats,
+                               grammars=self.grammars)
         self.limits = EngineLimits(config.scheduler.max_model_len, config.model.vocab_size, executor.num_blocks,
                                    config.cache.block_size)
-        self.eos_token_ids = tuple(sorted(set(tokenizer.eos_token_ids) | set(config.model.eos_token_ids)))
         self.input_processor = InputProcessor(tokenizer, self.limits, self.eos_token_ids)
         self.output_processor = OutputProcessor(tokenizer)
         self.last_step_stats: StepStats | None = None
@@ -204,6 +209,8 @@ class LLMEngine:
             times.token_times.append(kv.first_token_time)
         self.output_processor.add_request(request, [request])
         self.output_processor.process([core_request.output(kv.first_token)])  # text and stop-string state so far
+        if request.sampling_params.structured_outputs is not None:  # its matcher goes on from the first token
+            self.grammars.add_request(core_request)
         self._kv_awaited[kv.tag] = core_request
 
     def _take_awaited(self, request_id: str) -> Request | None:

@@ -207,12 +207,15 @@ class ModelExecutor:
                     sampled_reqs.append(s)
             sampled = {}
             rows = [self._rows[s.request_id] for s in sampled_reqs]
-            for s, row_state, token in zip(sampled_reqs, rows, self._sample(hidden[last_rows], rows) if rows else ()):
+            bitmask = _grammar_rows(plan, sampled_reqs)
+            for s, row_state, token in zip(sampled_reqs, rows,
+                                           self._sample(hidden[last_rows], rows, bitmask) if rows else ()):
                 row_state.output_token_ids.append(token.token_id)
                 sampled[s.request_id] = token
         return StepResult(sampled=sampled, duration=time.perf_counter() - start)
 
-    def _sample(self, hidden: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+    def _sample(self, hidden: torch.Tensor, rows: list[SamplingRow],
+                grammar_bitmask: torch.Tensor | None = None) -> list[SampledToken]:
         """One token per row of hidden; none on a rank that gets no logits back."""
         if plain_greedy(rows):
             tokens = self.model.greedy_tokens(hidden)  # a W8A8 head's argmaxes, without fp32 logits
@@ -220,7 +223,11 @@ class ModelExecutor:
                 return [SampledToken(t) for t in tokens.tolist()]
         # Every rank computes its vocabulary slice; only the first rank gets logits back, and samples.
         logits = self.model.compute_logits(hidden)
-        return [] if logits is None else self.sampler(logits, rows)
+        if logits is None:
+            return []
+        if grammar_bitmask is not None:
+            grammar_bitmask = grammar_bitmask.to(logits.device, non_blocking=True)
+        return self.sampler(logits, rows, grammar_bitmask)
 
     def prompt_logits(self, token_ids: list[int], step_tokens: int | None = None) -> torch.Tensor:
         """(len(token_ids), vocab) fp32 logits at every position of one sequence, prefilled over the
@@ -273,3 +280,17 @@ class ModelExecutor:
             input_ids, positions, slot_mapping = (torch.cat(x) for x in (id_parts, pos_parts, slot_parts))
         meta = AttentionMetadata(slot_mapping, len(decodes), decode_tables, decode_mask, decode_lens, chunks)
         return input_ids, positions, meta
+
+
+def _grammar_rows(plan: StepPlan, sampled: list[ScheduledRequest]) -> torch.Tensor | None:
+    """The plan's grammar bitmask laid out as the sampled rows (all tokens allowed where a row has no grammar)."""
+    if plan.grammar_bitmask is None:
+        return None
+    source = torch.from_numpy(plan.grammar_bitmask)
+    where = {request_id: row for row, request_id in enumerate(plan.grammar_request_ids)}
+    bitmask = torch.full((len(sampled), source.shape[1]), -1, dtype=torch.int32)
+    for i, s in enumerate(sampled):
+        row = where.get(s.request_id)
+        if row is not None:
+            bitmask[i] = source[row]
+    return bitmask

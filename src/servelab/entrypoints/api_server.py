@@ -1,4 +1,4 @@
-"""Run the gateway under uvicorn with a draining shutdown.
+"""Run the gateway's app under uvicorn with a draining shutdown.
 
 The first SIGTERM (or Ctrl+C) drains: new requests get 503, in-flight ones finish for up to
 --shutdown-grace seconds, then the engine cores are stopped and the process exits 0. A second signal
@@ -17,7 +17,7 @@ from fastapi import APIRouter
 from servelab.engine.core_client import EngineCoreClient
 from servelab.gateway.app import Gateway, build_app
 from servelab.gateway.config import ServerConfig
-from servelab.gateway.http_protocol import header_timeout_protocol
+from servelab.entrypoints.http_protocol import header_timeout_protocol
 from servelab.model.tokenizer import Tokenizer
 
 
