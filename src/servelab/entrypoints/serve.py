@@ -1,4 +1,4 @@
-"""The `servelab serve` command line: flags, then load the engine and hand over to gateway.server.
+"""The `servelab serve` command line: flags, then load the engine and hand over to entrypoints.api_server.
 Imports nothing heavy until the command runs, so `servelab --help` stays fast."""
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from servelab.entrypoints.cache_dir import check_cache_dir
 from servelab.gateway.config import DEFAULT_SERVED_MODEL_NAME, ROUTERS, ServerConfig
+from servelab.parsers.reasoning import REASONING_PARSERS
 
 if TYPE_CHECKING:
     from servelab.engine.core_client import EngineCoreClient
@@ -90,6 +91,8 @@ def add_serve_parser(sub) -> None:
     limits.add_argument("--max-unsent-tokens", type=int, default=4096,
                         help="generated tokens a stream may hold unsent (a client that stopped reading) "
                              "before the request is aborted and its KV cache freed")
+    g.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
+                   help="split <think>...</think> out of chat output into reasoning_content")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=run_serve)
 
@@ -113,7 +116,8 @@ def server_config(args: argparse.Namespace, model: str | None) -> ServerConfig:
         max_n=args.max_n, max_logprobs=args.max_logprobs, max_stop_strings=args.max_stop_strings,
         max_stop_string_len=args.max_stop_string_len, header_read_timeout=args.header_read_timeout,
         body_read_timeout=args.body_read_timeout, max_unsent_tokens=args.max_unsent_tokens,
-        allowed_origins=tuple(args.allowed_origins or ()), router=args.router)
+        allowed_origins=tuple(args.allowed_origins or ()), reasoning_parser=args.reasoning_parser,
+        router=args.router)
 
 
 def _configure_logging(level: str) -> None:
@@ -157,7 +161,7 @@ def run_serve(args: argparse.Namespace) -> int:
     cores, tokenizer, rendezvous = _start_engine_cores(engine_args, args.log_level)
     try:
         from servelab.engine.process_layout import process_layout
-        from servelab.gateway.server import serve
+        from servelab.entrypoints.api_server import serve
         from servelab.lab.web.routes import LAYOUT_ROUTE, build_lab_router
 
         # The lab page and its API never touch the model: outside /v1, so no API key (like /health).

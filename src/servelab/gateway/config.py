@@ -31,6 +31,8 @@ class ServerConfig:
     body_read_timeout: float = 30.0
     max_unsent_tokens: int = 4096
     allowed_origins: tuple[str, ...] = ()  # CORS is off unless origins are given
+    # split <think>...</think> out of chat output as reasoning_content (vLLM's --reasoning-parser names)
+    reasoning_parser: str | None = None
     router: str = "least-loaded"  # which engine core takes a request (one of ROUTERS)
 
     def __post_init__(self) -> None:

@@ -18,6 +18,7 @@ from servelab.lab.analysis.autoscaling import AutoscaleOutcome, AutoscaleSetting
 from servelab.lab.analysis.slo_attribution import attribute_slo_misses
 from servelab.lab.analysis.advisor import DEFAULT_MAX_GPUS, Advice, advise as advise_deployment
 from servelab.lab.analysis.decisions import simulated_autoscaling
+from servelab.lab.analysis.error_band import error_bands
 from servelab.lab.analysis.evaluate import Evaluation, Targets, evaluate
 from servelab.lab.analysis.sweep import parse_values, plot_sweep, run_sweep
 from servelab.lab.catalog import LOCAL_CPU, get_device, get_model, gpu_ids
@@ -56,6 +57,7 @@ class DeploymentRequest:
     num_scheduler_steps: int = 1
     mixed_batches: bool = True
     quantization: str | None = None
+    kv_cache_dtype: str = "auto"
     first_token_from_decode: bool = False
     async_output: bool = False  # vLLM V0's asynchronous output processing: tokens reach the client a step later
 
@@ -81,9 +83,16 @@ class DeploymentRequest:
             block_size=self.block_size, router=self.router, dtype=self.dtype or defaults[2],
             enable_prefix_caching=self.enable_prefix_caching, cuda_graphs=self.cuda_graphs,
             num_scheduler_steps=self.num_scheduler_steps, mixed_batches=self.mixed_batches,
-            quantization=self.quantization,
+            quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype,
             first_token_from_decode=self.first_token_from_decode, async_output=self.async_output, **extra,
         )
+
+    def error_bands(self, e: Evaluation) -> dict | None:
+        """The bands of an evaluation of this deployment (None where it has none: a CPU profile, no fit)."""
+        if self.gpu == LOCAL_CPU or not e.fits:
+            return None
+        profile = load_calibration(self.calibration or DEFAULT_CALIBRATION)
+        return error_bands(profile, e.deployment.to_json(), e.meters, e.metrics, self.engine)
 
     def _calibrated_efficiency(self, device):
         try:
@@ -175,9 +184,13 @@ class SimulateResult:
     workload: WorkloadConfig
     autoscaling: AutoscaleOutcome | None = None
     slo_misses: dict | None = None
+    engine: str = DEFAULT_ENGINE
+    error_bands: dict | None = None  # analysis/error_band.py; None: a measured CPU profile, or it does not fit
 
     def to_json(self) -> dict:
-        out = {**self.evaluation.to_json(), "workload": workload_json(self.workload)}
+        out = {**self.evaluation.to_json(), "workload": workload_json(self.workload), "engine": self.engine}
+        if self.error_bands is not None:
+            out["error_bands"] = self.error_bands
         if self.autoscaling is not None:
             out["autoscaling"] = self.autoscaling.to_json()
         if self.slo_misses is not None:
@@ -190,9 +203,14 @@ class AdviseResult:
     advice: Advice
     workload: WorkloadConfig
     targets: Targets
+    engine: str = DEFAULT_ENGINE
+    error_bands: dict | None = None  # the recommendation's
 
     def to_json(self) -> dict:
-        return {**self.advice.to_json(), "workload": workload_json(self.workload)}
+        out = {**self.advice.to_json(), "workload": workload_json(self.workload), "engine": self.engine}
+        if self.error_bands is not None:
+            out["error_bands"] = self.error_bands
+        return out
 
 
 @dataclass(frozen=True)
@@ -221,7 +239,8 @@ def simulate(request: SimulateRequest) -> SimulateResult:
     misses = None
     if request.slo_attribution and e.fits:
         misses = attribute_slo_misses(e.result, targets.ttft_ms, targets.tpot_ms)
-    return SimulateResult(e, request.workload, outcome, misses)
+    return SimulateResult(e, request.workload, outcome, misses, request.deployment.engine,
+                          request.deployment.error_bands(e))
 
 
 def advise(request: AdviseRequest) -> AdviseResult:
@@ -239,7 +258,8 @@ def advise(request: AdviseRequest) -> AdviseResult:
         outcome = evaluate_autoscaling(rec.deployment, workload, targets, request.autoscale.build())
         if outcome.scaled.fits:
             advice = advice.with_decision(simulated_autoscaling(outcome))
-    return AdviseResult(advice, request.workload, targets)
+    bands = request.deployment.error_bands(advice.recommendation) if advice.recommendation is not None else None
+    return AdviseResult(advice, request.workload, targets, request.deployment.engine, bands)
 
 
 def sweep(request: SweepRequest) -> SweepResult:

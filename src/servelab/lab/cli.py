@@ -10,10 +10,12 @@ import sys
 from pathlib import Path
 
 from servelab.config import SCHEDULE_POLICIES
+from servelab.executor.efficiency import ENGINES
 from servelab.errors import FieldError
 from servelab.lab.api import DeploymentRequest, TargetsRequest
 from servelab.lab.catalog import LOCAL_CPU, gpu_ids, model_ids
 from servelab.lab.sim.deployment import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, ROUTERS
+from servelab.specs import KV_CACHE_DTYPES
 from servelab.trace_formats import add_trace_args, trace_fields
 from servelab.workload import DATASETS, WorkloadConfig
 
@@ -52,14 +54,19 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DeploymentRequest.model,
                    help=f"catalog id ({', '.join(model_ids())}) or a Hugging Face config.json path")
     p.add_argument("--gpu", default=DeploymentRequest.gpu, help=f"catalog id ({', '.join(gpu_ids())}) or {LOCAL_CPU}")
-    p.add_argument("--dtype", default=None, help="bfloat16 (default on GPUs), float16, float32 or fp8")
+    p.add_argument("--dtype", default=None,
+                   help="bfloat16 (default on GPUs), float16, float32, fp8 (W8A8 checkpoint: fp8 GEMMs where the GPU "
+                        "has them) or fp4 (NVFP4: fp4 GEMMs on Blackwell)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                   help="auto: the activations' dtype; fp8 halves a bf16 cache (vLLM --kv-cache-dtype)")
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration", default=None, metavar="NAME",
                    help="fitted GPU constants (`servelab lab calibrate --save NAME`); default: the shipped 'public'")
-    p.add_argument("--engine", default=DeploymentRequest.engine,
-                   help="serving stack whose overheads apply (the public calibration has vllm, sglang, tensorrt-llm)")
+    p.add_argument("--engine", default=DeploymentRequest.engine, choices=ENGINES,
+                   help="serving stack and version whose overheads apply: vllm (V1, the default), vllm-v0, sglang, "
+                        "tensorrt-llm (1.x), lmdeploy")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="launch every kernel of every step (vLLM --enforce-eager)")
     p.add_argument("--num-scheduler-steps", type=int, default=DeploymentRequest.num_scheduler_steps,
@@ -226,7 +233,8 @@ def deployment_request(args: argparse.Namespace) -> DeploymentRequest:
         max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size, router=args.router,
         enable_prefix_caching=getattr(args, "enable_prefix_caching", True),
         calibration=args.calibration, engine=args.engine, cuda_graphs=args.cuda_graphs,
-        num_scheduler_steps=args.num_scheduler_steps, mixed_batches=args.mixed_batches)
+        num_scheduler_steps=args.num_scheduler_steps, mixed_batches=args.mixed_batches,
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"))
 
 
 def workload_config(args: argparse.Namespace) -> WorkloadConfig:
@@ -257,8 +265,25 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0 if result.evaluation.fits else api.DOES_NOT_FIT
 
 
+BANDED = (("TTFT p50", "median_ttft_ms", "ms"), ("TPOT p50", "median_tpot_ms", "ms"),
+          ("output throughput", "output_throughput", "tok/s"))
+
+
+def format_error_bands(engine: str, bands: dict | None) -> list[str]:
+    """`TTFT p50 182 ms (±20%: FP8, TP1, low load; 14 points)` for the headline figures."""
+    if bands is None:
+        return []
+    lines = [f"engine {engine}; error bands from the calibration's leave-one-source-out errors, nearest regime:"]
+    for label, key, unit in BANDED:
+        b = bands["metrics"].get(key)
+        if b is not None:
+            lines.append(f"  {label} {bands['values'][key]:,.{0 if unit == 'tok/s' else 1}f} {unit} ({b['text']})")
+    return lines
+
+
 def format_extras(result) -> list[str]:
-    lines = []
+    lines = format_error_bands(result.engine, result.error_bands and {
+        **result.error_bands, "values": result.evaluation.metrics})
     if result.autoscaling is not None:
         a = result.autoscaling.to_json()
         lines.append(f"autoscaling: {a['decision']}")
@@ -336,6 +361,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
     print(f"recommended: {rec.deployment.describe()}")
     print(f"  p99 TTFT {m['p99_ttft_ms']:,.1f} ms, p99 TPOT {m['p99_tpot_ms']:.1f} ms, "
           f"{m['output_throughput']:,.0f} output tok/s ({len(advice.candidates)} shapes simulated)")
+    for line in format_error_bands(result.engine, result.error_bands and {**result.error_bands, "values": m}):
+        print(f"  {line}")
     width = max(len(d["decision"]) for d in advice.decisions)
     for d in advice.decisions:
         print(f"  {d['decision']:<{width}}  {'taken    ' if d['taken'] else 'not taken'}  {d['why']}")

@@ -29,7 +29,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from servelab.lab.catalog.reference import REFERENCE_FILE
 
 CHECKED = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
 SHOWN = CHECKED + ("p99_ttft_ms", "median_e2el_ms", "request_throughput", "prefix_cache_hit_rate")
@@ -54,7 +53,7 @@ def add_validate_parser(sub) -> None:
     p.add_argument("--no-refresh-profile", dest="refresh_profile", action="store_false",
                    help="keep the saved profile instead of re-measuring it before each repeat after the first")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    p.add_argument("--reference", nargs="?", type=Path, const=REFERENCE_FILE, default=None, metavar="FILE",
+    p.add_argument("--reference", nargs="?", type=Path, const=True, default=None, metavar="FILE",
                    help="instead of the local engine: GPU measurements (default: the published reference points) "
                    "beside their simulation")
     p.add_argument("--calibration", default=None, metavar="NAME", help="with --reference: the constants to use")

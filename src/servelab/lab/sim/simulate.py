@@ -150,7 +150,7 @@ class _Simulation:
         self.transfer_latency_s = KV_TRANSFER_LATENCY_S
         if d.kv_transfer_link is not None:
             self.transfer_latency_s, self.transfer_bytes_per_s = d.kv_transfer_link
-        self.kv_bytes_per_token = d.model.kv_bytes_per_token(d.dtype)
+        self.kv_bytes_per_token = d.model.kv_bytes_per_token(d.kv_dtype)
         # vLLM's disaggregation proxy (first_token_from_decode) sends a request to the decode instance when the
         # prefill instance's response (max_tokens=1) completes; with asynchronous output processing that
         # response leaves when the prefill instance's next step ends, or at once when it has none to run.
