@@ -1,7 +1,13 @@
-"""LLMEngine: input processor + engine core + output processor. Synchronous; the gateway drives it through
-an EngineLoop (engine/core_loop.py) in an engine-core process or a thread, the offline LLM class from a
-loop. Requests come in preprocessed (EngineCoreRequest) and state goes out as values (get_state), so
-nothing outside reaches into the scheduler or the KV cache."""
+"""LLMEngine: input processor + engine core + output processor. Synchronous, with two faces:
+
+- the engine core's (add_core_request, abort_core_request, stop_core_requests, step_core): what an EngineLoop
+  (engine/core_loop.py) drives in an engine-core process or a thread. Values in, EngineCoreOutputs (the
+  step's new token per request) out; no text, so the core's loop does only scheduling and the model.
+- the offline one (add_request, step, abort_request): the same, plus the output processor in the caller's
+  process, detokenizing those outputs into RequestOutputs (the offline LLM class, `servelab generate`).
+
+Requests come in preprocessed (EngineCoreRequest) and state goes out as values (get_state), so nothing outside
+reaches into the scheduler or the KV cache."""
 from __future__ import annotations
 
 import itertools
@@ -16,9 +22,10 @@ from servelab.config import EngineConfig
 from servelab.core.block_manager import BlockManager
 from servelab.core.clock import WallClock
 from servelab.core.engine_core import EngineCore, StepStats
-from servelab.core.engine_io import EngineCoreRequest, EngineLimits
+from servelab.core.engine_io import EngineCoreOutput, EngineCoreRequest, EngineLimits
 from servelab.core.request import Request, RequestStatus
 from servelab.core.scheduler import Scheduler
+from servelab.engine.core_protocol import RequestDelta
 from servelab.engine.input_processor import InputProcessor, child_requests
 from servelab.engine.output_processor import OutputProcessor
 from servelab.engine_args import EngineArgs
@@ -56,7 +63,9 @@ class LLMEngine:
                                    config.cache.block_size)
         self.eos_token_ids = tuple(sorted(set(tokenizer.eos_token_ids) | set(config.model.eos_token_ids)))
         self.input_processor = InputProcessor(tokenizer, self.limits, self.eos_token_ids)
-        self.output_processor = OutputProcessor(tokenizer)
+        self.output_processor = OutputProcessor(tokenizer, cumulative=True)  # the offline face's
+        self._samples: dict[str, list[str]] = {}  # request id -> its engine-core requests' ids (n samples)
+        self._request_of: dict[str, str] = {}  # engine-core request id -> its request's, until it finished
         self.last_step_stats: StepStats | None = None
         self._ids = itertools.count()
         self.kv_connector = kv_connector
@@ -100,27 +109,71 @@ class LLMEngine:
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
 
+    # ---- offline: detokenized RequestOutputs, made here from the engine core's outputs
     def add_request(self, request: EngineCoreRequest) -> None:
         """Enqueue a request the input processor made (its n samples as n engine-core requests)."""
+        self.output_processor.add_request(request, self.add_core_request(request))
+
+    def step(self) -> list[RequestOutput]:
+        """One step; the (cumulative) output of every request that moved."""
+        return self._process(self.step_core())
+
+    def abort_request(self, request_id: str) -> list[RequestOutput]:
+        return self._process(self.abort_core_request(request_id))
+
+    def _process(self, outputs: list[EngineCoreOutput]) -> list[RequestOutput]:
+        processed = self.output_processor.process([RequestDelta.of(o) for o in outputs])
+        if processed.stopped_request_ids:
+            self.stop_core_requests(processed.stopped_request_ids)
+        return processed.request_outputs
+
+    # ---- the engine core's face: values in, EngineCoreOutputs out
+    def add_core_request(self, request: EngineCoreRequest) -> list[EngineCoreRequest]:
+        """Enqueue a request as its engine-core requests (one per sample), which it returns."""
+        if request.request_id in self._samples:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
         kv = request.kv_transfer
         if kv is not None and kv.do_remote_prefill:
             self._add_remote_prefilled(request, kv)
-            return
-        if self.output_processor.has(request.request_id):
-            raise ValueError(f"duplicate request id {request.request_id!r}")
-        children = child_requests(request)
-        for child in children:
-            self.core.add_request(Request.from_engine_core_request(child))
-        self.output_processor.add_request(request, children)
+            children = [request]
+        else:
+            children = child_requests(request)
+            for child in children:
+                self.core.add_request(Request.from_engine_core_request(child))
+        self._samples[request.request_id] = [c.request_id for c in children]
+        self._request_of.update((c.request_id, request.request_id) for c in children)
+        return children
 
-    def abort_request(self, request_id: str) -> list[RequestOutput]:
+    def step_core(self) -> list[EngineCoreOutput]:
+        self.last_step_stats = None  # stays None when the step had nothing to run
+        return self._retire(self.core.step().outputs)
+
+    def abort_core_request(self, request_id: str) -> list[EngineCoreOutput]:
+        """Abort a request (all its samples); their final outputs (finish reason "abort")."""
         awaited = self._take_awaited(request_id)
         if awaited is not None:  # its KV is still on the wire: the staging tensor is dropped when it lands
             awaited.status = RequestStatus.FINISHED_ABORTED
             awaited.times.finished = time.perf_counter()
-            return self.output_processor.process([awaited.output(None)]).request_outputs
-        core_outputs = self.core.abort_requests(self.output_processor.child_ids(request_id))
-        return self.output_processor.process(core_outputs).request_outputs
+            return self._retire([awaited.output(None)])
+        return self._retire(self.core.abort_requests(self._samples.get(request_id, [])))
+
+    def stop_core_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        """Retire engine-core requests whose stop string the output processor matched (finish reason "stop");
+        a finished prefill's held KV blocks are released."""
+        outputs = self._retire(self.core.finish_requests(request_ids, RequestStatus.FINISHED_STOPPED))
+        for request_id in request_ids:  # a prefill whose first token hit a stop string
+            self.release_kv(request_id)
+        return outputs
+
+    def _retire(self, outputs: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
+        """Forget the samples that finished (their request once all of them did)."""
+        for out in outputs:
+            if out.finish_reason is None:
+                continue
+            request_id = self._request_of.pop(out.request_id, None)
+            if request_id is not None and not any(c in self._request_of for c in self._samples[request_id]):
+                del self._samples[request_id]
+        return outputs
 
     # ---- disaggregated prefill/decode (the engine's side of the KV connector)
     def send_kv(self, request_id: str, dst: int, tag: int) -> bool:
@@ -164,7 +217,7 @@ class LLMEngine:
                 self._kv_arrived.append((request, done.staging))
             else:
                 request.status = RequestStatus.FINISHED_ABORTED
-                self.output_processor.process([request.output(None)])  # forgets it; the caller fails it
+                self._retire([request.output(None)])  # forgotten here; the caller fails it
                 events.failed.append((request.request_id, f"its KV did not arrive: {done.error}"))
         while self._kv_arrived:
             request, staging = self._kv_arrived[0]
@@ -182,7 +235,7 @@ class LLMEngine:
             raise ValueError("this engine is not part of a disaggregated deployment")
         num_blocks = self._block_manager.num_blocks_for(len(request.prompt_token_ids))
         self.kv_connector.start_recv(request.request_id, kv.tag, kv.remote_engine, num_blocks)
-        if self.output_processor.has(request.request_id) or request.request_id in self._scheduler.requests:
+        if request.request_id in self._scheduler.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         if request.sampling_params.n != 1:
             raise ValueError("a remote-prefilled request has one sample")
@@ -193,8 +246,6 @@ class LLMEngine:
         times.first_scheduled, times.first_token = kv.first_scheduled_time, kv.first_token_time
         if kv.first_token_time is not None:
             times.token_times.append(kv.first_token_time)
-        self.output_processor.add_request(request, [request])
-        self.output_processor.process([core_request.output(kv.first_token)])  # text and stop-string state so far
         self._kv_awaited[kv.tag] = core_request
 
     def _take_awaited(self, request_id: str) -> Request | None:
@@ -208,16 +259,6 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()
-
-    def step(self) -> list[RequestOutput]:
-        self.last_step_stats = None  # stays None when the step had nothing to run
-        step = self.core.step()
-        processed = self.output_processor.process(step.outputs)
-        if processed.stopped_request_ids:
-            self.core.finish_requests(processed.stopped_request_ids, RequestStatus.FINISHED_STOPPED)
-            for request_id in processed.stopped_request_ids:  # a prefill whose first token hit a stop string
-                self.release_kv(request_id)
-        return processed.request_outputs
 
     def failed_step_request_ids(self) -> tuple[str, ...]:
         """After step() raised: the requests of the step that failed (the others were not touched)."""
