@@ -63,7 +63,7 @@ class EngineLoop:
 
     def has_pending_kv(self) -> bool:
         """KV transfers on the wire (or received, waiting for blocks): poll again soon even when idle."""
-        return self.engine.has_pending_kv()
+        return self.engine.kv_handoff.has_pending()
 
     def run_once(self, inputs: list[AddRequest | AbortRequests | StopRequests | SendKV]) -> EngineStepOutputs | None:
         """Apply inputs and finished KV transfers, step if there is work; None when nothing happened."""
@@ -74,7 +74,8 @@ class EngineLoop:
         for done in kv.transfers:
             if done.is_send:
                 out.kv_transfers.append(KVTransferSample(done.request_id, done.num_bytes, done.seconds, done.ok))
-        for request_id, message in kv.failed:
+        for request, message in kv.failed:
+            request_id = request.request_id
             if self._forget(request_id) is not None:
                 out.errors.append(RequestError(request_id, message))
                 out.finished.append(FinishedRequest(request_id, ["error"]))
@@ -82,7 +83,7 @@ class EngineLoop:
             if isinstance(message, AddRequest):
                 self._add(message, out)
             elif isinstance(message, SendKV):
-                if not self.engine.send_kv(message.request_id, message.dst, message.tag):
+                if not self.engine.kv_handoff.send(message.request_id, message.dst, message.tag):
                     logger.warning("no KV held for %s: not sent", message.request_id)
             elif isinstance(message, StopRequests):
                 self._stop(message, out)
@@ -137,7 +138,7 @@ class EngineLoop:
 
     def _abort(self, request_id: str, out: EngineStepOutputs) -> None:
         if request_id not in self._requests:  # finished already (a prefill may still hold its KV), or never taken
-            self.engine.release_kv(request_id)
+            self.engine.kv_handoff.release(request_id)
             return
         self._collect(self.engine.abort_core_request(request_id), out, "abort")
         timing = self._forget(request_id)  # left only if the engine had no sample of it to abort

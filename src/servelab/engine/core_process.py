@@ -132,7 +132,7 @@ def _busy_loop(loop: EngineLoop, inputs: zmq.Socket, outputs: zmq.Socket, codec:
         if any(isinstance(m, Shutdown) for m in messages) or os.getppid() != parent_pid:
             if pending is not None:
                 outputs.send(codec.encode(pending))  # the last outputs leave (within OUTPUT_LINGER_MS)
-            loop.engine.shutdown_kv()
+            loop.engine.kv_handoff.shutdown()
             return 0
         result = loop.run_once(messages)
         if result is not None:

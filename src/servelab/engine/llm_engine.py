@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +26,7 @@ from servelab.core.request import Request, RequestStatus
 from servelab.core.scheduler import Scheduler
 from servelab.engine.core_protocol import RequestDelta
 from servelab.engine.input_processor import InputProcessor, child_requests
+from servelab.engine.kv_handoff import KVEvents, KVHandoff
 from servelab.engine.output_processor import OutputProcessor
 from servelab.engine_args import EngineArgs
 from servelab.executor.model_executor import ModelExecutor
@@ -37,15 +37,7 @@ from servelab.model.tokenizer import Tokenizer
 from servelab.outputs import RequestOutput
 
 if TYPE_CHECKING:
-    from servelab.kv_transfer.p2p_connector import KVTransferDone, P2PKVConnector
-
-
-@dataclass
-class KVEvents:
-    """What the KV connector finished since the last poll: transfers (both directions) and the decode
-    requests whose KV could not arrive (failed, with the reason)."""
-    transfers: list["KVTransferDone"]
-    failed: list[tuple[str, str]]
+    from servelab.kv_transfer.p2p_connector import P2PKVConnector
 
 
 class LLMEngine:
@@ -68,11 +60,9 @@ class LLMEngine:
         self._request_of: dict[str, str] = {}  # engine-core request id -> its request's, until it finished
         self.last_step_stats: StepStats | None = None
         self._ids = itertools.count()
-        self.kv_connector = kv_connector
         self.kv_role = config.kv_transfer.kv_role if config.kv_transfer is not None else ""
-        self._kv_awaited: dict[int, Request] = {}  # decode side: transfer tag -> request whose KV is on its way
-        self._kv_arrived: list[tuple[Request, torch.Tensor]] = []  # received, waiting for free blocks
-        self._kv_sending: set[str] = set()  # prefill side: held blocks on the wire
+        # disaggregated prefill/decode: the KV connector's side of the engine (inert without a connector)
+        self.kv_handoff = KVHandoff(kv_connector, self._scheduler, self._block_manager)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -134,7 +124,7 @@ class LLMEngine:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         kv = request.kv_transfer
         if kv is not None and kv.do_remote_prefill:
-            self._add_remote_prefilled(request, kv)
+            self.kv_handoff.add_remote_prefilled(request)
             children = [request]
         else:
             children = child_requests(request)
@@ -150,7 +140,7 @@ class LLMEngine:
 
     def abort_core_request(self, request_id: str) -> list[EngineCoreOutput]:
         """Abort a request (all its samples); their final outputs (finish reason "abort")."""
-        awaited = self._take_awaited(request_id)
+        awaited = self.kv_handoff.take_awaited(request_id)
         if awaited is not None:  # its KV is still on the wire: the staging tensor is dropped when it lands
             awaited.status = RequestStatus.FINISHED_ABORTED
             awaited.times.finished = time.perf_counter()
@@ -162,7 +152,7 @@ class LLMEngine:
         a finished prefill's held KV blocks are released."""
         outputs = self._retire(self.core.finish_requests(request_ids, RequestStatus.FINISHED_STOPPED))
         for request_id in request_ids:  # a prefill whose first token hit a stop string
-            self.release_kv(request_id)
+            self.kv_handoff.release(request_id)
         return outputs
 
     def _retire(self, outputs: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
@@ -175,87 +165,11 @@ class LLMEngine:
                 del self._samples[request_id]
         return outputs
 
-    # ---- disaggregated prefill/decode (the engine's side of the KV connector)
-    def send_kv(self, request_id: str, dst: int, tag: int) -> bool:
-        """Send a finished prefill's held KV blocks to engine rank dst; they are freed once sent.
-        False when none are held (released already: the request was aborted)."""
-        if request_id not in self._scheduler.kv_held_ids or request_id in self._kv_sending:
-            return False
-        self._kv_sending.add(request_id)
-        self.kv_connector.start_send(request_id, tag, dst, self._block_manager.get_block_table(request_id))
-        return True
-
-    def release_kv(self, request_id: str) -> None:
-        """A finished prefill's held blocks are not needed (an abort, or a stop string matched its first
-        token); blocks on the wire are freed when the send ends instead."""
-        if request_id not in self._kv_sending:
-            self._scheduler.release_kv(request_id)
-
-    def shutdown_kv(self) -> None:
-        if self.kv_connector is not None:
-            self.kv_connector.shutdown()
-
-    def has_pending_kv(self) -> bool:
-        return bool(self._kv_arrived) or (self.kv_connector is not None and self.kv_connector.num_pending > 0)
-
     def poll_kv(self) -> KVEvents:
-        """Finish what the connector finished: free sent blocks, admit requests whose KV arrived (their
-        blocks are allocated and written now, before any step can read them)."""
-        events = KVEvents([], [])
-        if self.kv_connector is None:
-            return events
-        for done in self.kv_connector.poll():
-            events.transfers.append(done)
-            if done.is_send:
-                self._kv_sending.discard(done.request_id)
-                self._scheduler.release_kv(done.request_id)
-                continue
-            request = self._kv_awaited.pop(done.tag, None)
-            if request is None:  # aborted (or refused) while on the wire
-                continue
-            if done.ok:
-                self._kv_arrived.append((request, done.staging))
-            else:
-                request.status = RequestStatus.FINISHED_ABORTED
-                self._retire([request.output(None)])  # forgotten here; the caller fails it
-                events.failed.append((request.request_id, f"its KV did not arrive: {done.error}"))
-        while self._kv_arrived:
-            request, staging = self._kv_arrived[0]
-            block_ids = self._scheduler.add_prefilled(request)
-            if block_ids is None:
-                break
-            self._kv_arrived.pop(0)
-            self.kv_connector.write_blocks(staging, block_ids)
+        """What the KV hand-off finished (see KVHandoff.poll); requests whose KV failed are forgotten here."""
+        events = self.kv_handoff.poll()
+        self._retire([request.output(None) for request, _ in events.failed])
         return events
-
-    def _add_remote_prefilled(self, request: EngineCoreRequest, kv) -> None:
-        """A decode instance's request: its first token came from the prefill instance, its prompt's KV is
-        on its way (the receive is posted first, so the sender is never left waiting, whatever follows)."""
-        if self.kv_connector is None:
-            raise ValueError("this engine is not part of a disaggregated deployment")
-        num_blocks = self._block_manager.num_blocks_for(len(request.prompt_token_ids))
-        self.kv_connector.start_recv(request.request_id, kv.tag, kv.remote_engine, num_blocks)
-        if request.request_id in self._scheduler.requests:
-            raise ValueError(f"duplicate request id {request.request_id!r}")
-        if request.sampling_params.n != 1:
-            raise ValueError("a remote-prefilled request has one sample")
-        core_request = Request.from_engine_core_request(request)
-        core_request.output_token_ids.append(kv.first_token.token_id)
-        core_request.num_computed_tokens = len(request.prompt_token_ids)
-        times = core_request.times
-        times.first_scheduled, times.first_token = kv.first_scheduled_time, kv.first_token_time
-        if kv.first_token_time is not None:
-            times.token_times.append(kv.first_token_time)
-        self._kv_awaited[kv.tag] = core_request
-
-    def _take_awaited(self, request_id: str) -> Request | None:
-        for tag, request in self._kv_awaited.items():
-            if request.request_id == request_id:
-                return self._kv_awaited.pop(tag)
-        for index, (request, _) in enumerate(self._kv_arrived):
-            if request.request_id == request_id:
-                return self._kv_arrived.pop(index)[0]
-        return None
 
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()
