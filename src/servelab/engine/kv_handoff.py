@@ -120,9 +120,10 @@ class KVHandoff:
             self.connector.write_blocks(staging, block_ids)
         return events
 
-    def add_remote_prefilled(self, request: EngineCoreRequest) -> None:
+    def add_remote_prefilled(self, request: EngineCoreRequest) -> Request:
         """A decode instance's request: its first token came from the prefill instance, its prompt's KV is
-        on its way (the receive is posted first, so the sender is never left waiting, whatever follows)."""
+        on its way (the receive is posted first, so the sender is never left waiting, whatever follows).
+        Returns the core's request, admitted once its KV arrived."""
         kv = request.kv_transfer
         if self.connector is None:
             raise ValueError("this engine is not part of a disaggregated deployment")
@@ -140,6 +141,7 @@ class KVHandoff:
         if kv.first_token_time is not None:
             times.token_times.append(kv.first_token_time)
         self._awaited[kv.tag] = core_request
+        return core_request
 
     def take_awaited(self, request_id: str) -> Request | None:
         """A decode-side request whose KV has not been admitted yet, no longer awaited (it is being aborted;

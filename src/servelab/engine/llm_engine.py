@@ -10,6 +10,7 @@ Requests come in preprocessed (EngineCoreRequest) and state goes out as values (
 reaches into the scheduler or the KV cache."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from pathlib import Path
@@ -31,10 +32,12 @@ from servelab.engine.output_processor import OutputProcessor
 from servelab.engine_args import EngineArgs
 from servelab.executor.model_executor import ModelExecutor
 from servelab.metrics.events import EngineState
+from servelab.model.auto_quantization import QuantizationChoice, resolve_quantization
 from servelab.model.gguf_weights import gguf_file
 from servelab.model.loader import DEFAULT_MODEL, load_model_config, resolve_dtype, resolve_model_path
 from servelab.model.tokenizer import Tokenizer
 from servelab.outputs import RequestOutput
+from servelab.structured_output import StructuredOutputManager, ll_tokenizer
 
 if TYPE_CHECKING:
     from servelab.kv_transfer.p2p_connector import P2PKVConnector
@@ -50,10 +53,14 @@ class LLMEngine:
         self._block_manager = BlockManager(executor.num_blocks, config.cache.block_size, enable_caching=(
             config.cache.enable_prefix_caching and not config.scheduler.contiguous))
         self._scheduler = Scheduler(config.scheduler, self._block_manager)
-        self.core = EngineCore(self._scheduler, executor, WallClock(), stats_sink=self._on_step_stats)
+        self.eos_token_ids = tuple(sorted(set(tokenizer.eos_token_ids) | set(config.model.eos_token_ids)))
+        self.grammars = StructuredOutputManager(
+            lambda: ll_tokenizer(tokenizer.to_json(), config.model.vocab_size, self.eos_token_ids),
+            config.model.vocab_size)
+        self.core = EngineCore(self._scheduler, executor, WallClock(), stats_sink=self._on_step_stats,
+                               grammars=self.grammars)
         self.limits = EngineLimits(config.scheduler.max_model_len, config.model.vocab_size, executor.num_blocks,
                                    config.cache.block_size)
-        self.eos_token_ids = tuple(sorted(set(tokenizer.eos_token_ids) | set(config.model.eos_token_ids)))
         self.input_processor = InputProcessor(tokenizer, self.limits, self.eos_token_ids)
         self.output_processor = OutputProcessor(tokenizer, cumulative=True)  # the offline face's
         self._samples: dict[str, list[str]] = {}  # request id -> its engine-core requests' ids (n samples)
@@ -63,11 +70,15 @@ class LLMEngine:
         self.kv_role = config.kv_transfer.kv_role if config.kv_transfer is not None else ""
         # disaggregated prefill/decode: the KV connector's side of the engine (inert without a connector)
         self.kv_handoff = KVHandoff(kv_connector, self._scheduler, self._block_manager)
+        # what --quantization (auto by default) resolved to, and why (from_engine_args sets it)
+        self.quantization_choice = QuantizationChoice(None, config.cache.cache_dtype, "float weights")
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
+        choice = resolve_quantization(args)
+        args = dataclasses.replace(args, quantization=choice.quantization, kv_cache_dtype=choice.kv_cache_dtype)
         folder = resolve_model_path(args.model)
         model_config = load_model_config(folder)
         dtype = resolve_dtype(args.dtype)
@@ -90,7 +101,9 @@ class LLMEngine:
             from servelab.kv_transfer.p2p_connector import P2PKVConnector
 
             connector = P2PKVConnector.from_config(config.kv_transfer, executor.kv_caches)
-        return cls(config, tokenizer, executor, Path(args.model).name if args.model else DEFAULT_MODEL, connector)
+        engine = cls(config, tokenizer, executor, Path(args.model).name if args.model else DEFAULT_MODEL, connector)
+        engine.quantization_choice = choice
+        return engine
 
     @property
     def max_model_len(self) -> int:
@@ -124,7 +137,9 @@ class LLMEngine:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         kv = request.kv_transfer
         if kv is not None and kv.do_remote_prefill:
-            self.kv_handoff.add_remote_prefilled(request)
+            core_request = self.kv_handoff.add_remote_prefilled(request)
+            if request.sampling_params.structured_outputs is not None:  # its matcher goes on from the first token
+                self.grammars.add_request(core_request)
             children = [request]
         else:
             children = child_requests(request)

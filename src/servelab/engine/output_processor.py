@@ -125,7 +125,10 @@ class OutputProcessor:
                 completion.logprobs.append(entry)
                 completion.cumulative_logprob += entry.logprob
             finish_reason = delta.finish_reason if i == last else None
-            stop = self._add_text(sample, sample.detokenizer.add(token_id), finish_reason)
+            text = sample.detokenizer.add(token_id)
+            if finish_reason == "stop" and _ends_on_stop_token(sample, token_id):
+                text = ""  # EOS / a stop token id ends the text without its own text (vLLM's behaviour)
+            stop = self._add_text(sample, text, finish_reason)
             if stop is not None:
                 return stop
         return None
@@ -133,8 +136,6 @@ class OutputProcessor:
     @staticmethod
     def _add_text(sample: _Sample, text: str, finish_reason: str | None) -> str | None:
         completion = sample.completion
-        if finish_reason == "stop":  # EOS / a stop token id ends the text without its own text (vLLM's behaviour)
-            text = ""
         old_len = len(sample.full_text)
         sample.full_text += text
         stops = sample.request.sampling_params.stop
@@ -199,3 +200,10 @@ class OutputProcessor:
         self._parents.pop(parent.request_id, None)
         for s in parent.samples:
             self._sample_of.pop(s.request.request_id, None)
+
+
+def _ends_on_stop_token(sample: _Sample, token_id: int) -> bool:
+    """Whether a request that stopped on token_id stopped because of it (EOS or a stop token id), rather than
+    with it (a grammar that token completed keeps its text)."""
+    params = sample.request.sampling_params
+    return (not params.ignore_eos and token_id in sample.request.eos_token_ids) or token_id in params.stop_token_ids

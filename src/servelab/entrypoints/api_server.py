@@ -51,7 +51,7 @@ class DrainingServer(uvicorn.Server):
         await super().startup(sockets)
         if self.started:
             self._watch_task = asyncio.ensure_future(self._exit_when_engine_dead())
-            print_banner(self.gateway.config, self.bound_port())
+            print_banner(self.gateway.config, self.bound_port(), self.gateway.engine_info)
 
     async def _exit_when_engine_dead(self) -> None:
         await self.gateway.wait_engine_dead()
@@ -82,7 +82,7 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def print_banner(config: ServerConfig, port: int) -> None:
+def print_banner(config: ServerConfig, port: int, info=None) -> None:
     host = config.host if config.host not in ("0.0.0.0", "::") else "127.0.0.1"
     url = f"http://{host}:{port}"
     auth = ' -H "Authorization: Bearer $SERVELAB_API_KEY"' if config.api_keys else ""
@@ -91,3 +91,6 @@ def print_banner(config: ServerConfig, port: int) -> None:
     print(f"servelab: serving {config.model_name} at {url}/v1 (health {url}/health, metrics {url}/metrics)\n"
           f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'",
           flush=True)
+    if info is not None:
+        print(f"  precision: --quantization {info.quantization} --kv-cache-dtype {info.kv_cache_dtype} "
+              f"({info.quantization_reason})", flush=True)
