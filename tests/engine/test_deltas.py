@@ -101,27 +101,29 @@ def test_a_lagging_event_loop_holds_one_delta_per_request_in_process():
 
 
 def test_the_core_process_loop_coalesces_when_the_api_server_does_not_read(tmp_path):
-    engine = make_engine(num_blocks=128)
+    engine = make_engine(num_blocks=512, max_num_seqs=16)
+    request_ids = [f"r{i}" for i in range(16)]
     loop, codec, context = EngineLoop(engine), Codec(), zmq.Context()
     core_in, api_out = context.socket(zmq.PULL), context.socket(zmq.PUSH)
     core_out, api_in = context.socket(zmq.PUSH), context.socket(zmq.PULL)
     core_in.bind(f"ipc://{tmp_path}/in")
     api_out.connect(f"ipc://{tmp_path}/in")
     for socket in (core_out, api_in):
-        bound_output_socket(socket, buffer_bytes=4096)  # a small kernel buffer: the socket fills within the test
+        # a small kernel buffer: with zmq's own batches the socket holds a few dozen of these messages, not 100
+        bound_output_socket(socket, buffer_bytes=4096)
     api_in.bind(f"ipc://{tmp_path}/out")
     core_out.connect(f"ipc://{tmp_path}/out")
     thread = threading.Thread(target=_busy_loop, args=(loop, core_in, core_out, codec, os.getppid()), daemon=True)
     thread.start()
     try:
-        for request_id in "abcd":
+        for request_id in request_ids:
             request = engine.input_processor.process_inputs(request_id, [2], SamplingParams(max_tokens=100,
                                                                                             ignore_eos=True))
             api_out.send(codec.encode(AddRequest(request)))
-        while engine.has_unfinished_requests() or not engine.executor.plans:  # nobody reads meanwhile
+        while engine.has_unfinished_requests() or len(engine.executor.plans) < 100:  # nobody reads meanwhile
             time.sleep(0.001)
-        messages, tokens, finished = [], {r: [] for r in "abcd"}, set()
-        while len(finished) < 4:
+        messages, tokens, finished = [], {r: [] for r in request_ids}, set()
+        while len(finished) < len(request_ids):
             assert api_in.poll(10_000)
             messages.append(codec.decode_output(api_in.recv()))
             ids = [d.request_id for d in messages[-1].outputs]

@@ -86,7 +86,8 @@ class LLMEngine:
         sched = args.scheduler_config(model_config.max_position_embeddings)
         # EngineConfig checks the tensor-parallel size against the model's heads before any process starts.
         config = EngineConfig(model=model_config, cache=cache, scheduler=sched, parallel=args.parallel_config(),
-                              dtype=str(dtype).removeprefix("torch."), kv_transfer=args.kv_transfer_config)
+                              dtype=str(dtype).removeprefix("torch."), kv_transfer=args.kv_transfer_config,
+                              quantization=choice.quantization)
         tokenizer = Tokenizer.from_pretrained(folder)
         if config.parallel.tensor_parallel_size == 1:
             gguf_path = gguf_file(args.model) if args.quantization == "gguf" else None
