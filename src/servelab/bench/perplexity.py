@@ -21,7 +21,8 @@ TEXT = Path(__file__).parent / "data" / "declaration_of_independence.txt"
 # name -> (dtype, quantization, kv_cache_dtype)
 PRECISIONS = {"float32": ("float32", None, "auto"), "bfloat16": ("bfloat16", None, "auto"),
               "gguf": ("bfloat16", "gguf", "auto"), "int8": ("bfloat16", "int8", "auto"),
-              "bfloat16+kv-int8": ("bfloat16", None, "int8"), "int8+kv-int8": ("bfloat16", "int8", "int8")}
+              "bfloat16+kv-int8": ("bfloat16", None, "int8"), "int8+kv-int8": ("bfloat16", "int8", "int8"),
+              "default": ("auto", "auto", "auto")}  # no flags: what --quantization auto picks for the model
 # Each quantized precision must stay this close to bf16's perplexity.
 MAX_RELATIVE_GAP = 0.03
 
