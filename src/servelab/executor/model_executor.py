@@ -286,7 +286,7 @@ def _grammar_rows(plan: StepPlan, sampled: list[ScheduledRequest]) -> torch.Tens
     """The plan's grammar bitmask laid out as the sampled rows (all tokens allowed where a row has no grammar)."""
     if plan.grammar_bitmask is None:
         return None
-    source = torch.from_numpy(plan.grammar_bitmask)
+    source = torch.from_numpy(plan.grammar_bitmask_now())
     where = {request_id: row for row, request_id in enumerate(plan.grammar_request_ids)}
     bitmask = torch.full((len(sampled), source.shape[1]), -1, dtype=torch.int32)
     for i, s in enumerate(sampled):

@@ -219,6 +219,7 @@ class MultiprocExecutor:
         if not self._finalizer.alive:
             raise WorkerError("the tensor-parallel workers have been stopped")
         start = time.perf_counter()
+        plan.grammar_bitmask_now()  # the ranks get the filled array, not its future
         try:
             self._workers.broadcast(ExecuteStep(plan))
             [done] = self._workers.receive([0], self.step_timeout_s)
