@@ -29,7 +29,7 @@ PARAMS = SamplingParams()
 
 def uncapped(gpu: str) -> DeviceSpec:
     """The catalog GPU without its STREAM-like ceiling, so IDEAL streams at the datasheet's peak."""
-    return replace(get_device(gpu), memory_ceiling=1.0)
+    return replace(get_device(gpu), memory_ceiling=None)
 # HBM bytes per token and layer of the kernels between the GEMMs: two fused add + RMS norms (read hidden and
 # residual, write both: 8 x 1024), rotary in place on q and k (2 x (1024 + 256)), SiLU-and-mul (read gate and
 # up, write one: 3 x 4096), bf16
