@@ -153,7 +153,8 @@ def spawn_workers(folder: Path, config: EngineConfig, store_host: str, store_por
         for rank in parallel.local_ranks:
             spec = WorkerSpec(folder, config.model, config.cache, config.dtype, config.scheduler.max_model_len,
                               rank, parallel.tensor_parallel_size, store_host, store_port, num_threads,
-                              collective_timeout_s, relay_messages=parallel.nnodes > 1)
+                              collective_timeout_s, relay_messages=parallel.nnodes > 1,
+                              quantization=config.quantization)
             parent, child = context.Pipe()
             process = context.Process(target=run_worker, args=(spec, child), name=f"servelab-tp-rank{rank}",
                                       daemon=True)
