@@ -26,7 +26,7 @@ run: $(STAMP)
 	@echo "  or open the lab page: http://$(HOST):$(PORT)/lab"
 	$(VENV)/bin/servelab serve --host $(HOST) --port $(PORT)
 
-# The lab page's browser test (tests/web) drives Debian's Chromium through Playwright; nothing is downloaded
+# The lab page's browser test (tests/lab/web) drives Debian's Chromium through Playwright; nothing is downloaded
 # by Playwright itself. Installed once, with sudo only when not root.
 CHROMIUM := /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)

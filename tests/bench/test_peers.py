@@ -202,7 +202,7 @@ def test_parse_lscpu():
 def test_servelab_offline_loops_drive_a_real_engine_to_the_end():
     """generate_offline / servelab_decode (the offline and decode rows) on a real LLMEngine over the stub executor:
     every request runs to its length and the engine ends empty, with every block free."""
-    from stub_engine import make_engine
+    from servelab.testing.stub_engine import make_engine
 
     from servelab.bench.datasets import BenchRequest
     from servelab.bench.peers.runs import generate_offline, servelab_decode

@@ -6,7 +6,9 @@ import argparse
 import shlex
 import sys
 import time
+from pathlib import Path
 
+from servelab.bench.results import DEFAULT_DIR
 from servelab.engine_args import EngineArgs
 
 
@@ -17,6 +19,7 @@ def add_parser(sub) -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--num-iters", type=int, default=3)
     p.add_argument("--name", default=None)
+    p.add_argument("--result-dir", type=Path, default=DEFAULT_DIR, help="folder for the result files")
     EngineArgs.add_cli_args(p)
     p.set_defaults(func=run)
 
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
                "batch_size": args.batch_size, "input_len": args.input_len, "output_len": args.output_len,
                "dtype": engine.config.dtype,
                "command": "servelab " + " ".join(shlex.quote(a) for a in sys.argv[1:])}
-    json_path, _ = write_results(name, payload, [row])
+    json_path, _ = write_results(name, payload, [row], out_dir=args.result_dir)
     print(markdown_table([row]))
     print(f"results: {json_path}")
     return 0

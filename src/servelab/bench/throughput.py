@@ -8,7 +8,9 @@ import random
 import shlex
 import sys
 import time
+from pathlib import Path
 
+from servelab.bench.results import DEFAULT_DIR
 from servelab.engine_args import EngineArgs
 
 
@@ -30,7 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--baseline-num-prompts", type=int, default=None,
                    help="run the baseline (and servelab again, for a like-for-like ratio) on only the first "
                         "N requests: HF's bf16 path is slow on CPUs without native bf16")
-    p.add_argument("--name", default=None, help="result file stem under benchmarks/results/")
+    p.add_argument("--name", default=None, help="result file stem under --result-dir")
+    p.add_argument("--result-dir", type=Path, default=DEFAULT_DIR, help="folder for the result files")
     EngineArgs.add_cli_args(p)
     p.set_defaults(func=run)
 
@@ -126,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
              "output tok/s": r["output_throughput"], "total tok/s": r["total_token_throughput"],
              "elapsed s": r["elapsed_s"], "peak KV use": f"{r['peak_kv_usage']:.1%}" if "peak_kv_usage" in r else "-",
              "preemptions": r.get("num_preemptions", "-")} for r in runs]
-    json_path, _ = write_results(name, result, rows)
+    json_path, _ = write_results(name, result, rows, out_dir=args.result_dir)
     print(markdown_table(rows))
     for key, label in (("continuous_vs_static", "continuous / static"), ("speedup_vs_hf", "servelab / HF")):
         if key in result:

@@ -7,7 +7,7 @@ a finder in front of Python's own that loads those extension modules instead of 
 if every listed source still has the hash it was compiled from (the modules are compiled as one group,
 so one edited file turns the whole group off) and the interpreter is the one they were built for.
 Otherwise, or with SERVELAB_PURE=1 (the test suite sets it), nothing changes: the same sources run as Python. Both give the
-same numbers (tests/lab/test_compiled.py).
+same numbers (tests/compiled/test_compiled.py).
 """
 from __future__ import annotations
 
