@@ -18,6 +18,11 @@ from servelab.model.loader import resolve_model_path  # noqa: E402
 # through the start_server fixture below.
 from servelab.testing.server import ServerProcess  # noqa: E402
 
+# Under pytest-xdist (make test: one test process per core) each process computes on its share of the cores,
+# as the servers the tests start do (--num-threads 1), instead of every process spinning a thread on every core.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 TINY_DIMS = dict(
     hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,

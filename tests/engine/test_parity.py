@@ -59,7 +59,7 @@ def assert_engine_clean(llm):
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_greedy_matches_hf(model_case, schedule):
     folder, prompts, expected = model_case
-    llm = LLM(str(folder), dtype="float32", **SCHEDULES[schedule])
+    llm = LLM(str(folder), dtype="float32", **{"num_kv_blocks": 256, **SCHEDULES[schedule]})
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                            SamplingParams(temperature=0, max_tokens=NUM_NEW))
     got = [o.outputs[0].token_ids for o in outputs]
@@ -77,7 +77,7 @@ def test_prefix_cache_hits_match_hf(model_case):
     longest = prompts[-1]  # 100 tokens: 6 full blocks
     other = next(p for p in prompts if len(p) >= 17)  # its first 9 tokens differ from longest's 49th on
     shared = [longest[:48] + other[:9], longest[:40]]  # 3 cached blocks + 9 new tokens; 2 blocks + 8
-    llm = LLM(str(folder), dtype="float32")
+    llm = LLM(str(folder), dtype="float32", num_kv_blocks=256)
     params = SamplingParams(temperature=0, max_tokens=NUM_NEW)
     first = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     assert [o.outputs[0].token_ids for o in first] == expected
