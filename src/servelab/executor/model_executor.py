@@ -5,8 +5,11 @@ The single-process engine uses it directly; under tensor parallelism every worke
 built with its rank's TensorParallelGroup, and only the first rank's samples are returned."""
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,9 +23,12 @@ from servelab.model.llama import LlamaForCausalLM
 from servelab.model.gguf_weights import load_gguf_weights
 from servelab.model.loader import load_state_dict
 from servelab.model.sampler import Sampler, SamplingRow, plain_greedy
-from servelab.model.smooth_quant import CALIBRATION_TEXT, InputAbsMax
+from servelab.model.quant_cache import config_hash, entry_path, load_entry, model_content_hash, save_entry
+from servelab.model.smooth_quant import CALIBRATION_CHUNK_TOKENS, CALIBRATION_TEXT, SMOOTHQUANT_ALPHA, InputAbsMax
 from servelab.model.tokenizer import Tokenizer
 from servelab.specs import ModelSpec
+
+logger = logging.getLogger(__name__)
 
 
 def kv_cache_bytes(cache_config: CacheConfig) -> int:
@@ -35,6 +41,40 @@ def kv_cache_bytes(cache_config: CacheConfig) -> int:
 def os_total_memory() -> int:
     import os
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+_MATRIX_SUFFIXES = tuple(f"{n}_proj.weight" for n in ("q", "k", "v", "o", "gate", "up", "down"))
+
+
+def is_matrix_weight(name: str) -> bool:
+    """A Hugging Face tensor that --quantization int8 replaces (every linear layer's matrix, the untied LM head)."""
+    return name.endswith(_MATRIX_SUFFIXES) or name == "lm_head.weight"
+
+
+@dataclass
+class Int8Entry:
+    """Where --quantization int8's calibration and weights for a model folder are cached (model/quant_cache.py)."""
+    path: Path
+    model_hash: str
+    settings_hash: str
+    loaded: bool = False
+
+    @classmethod
+    def of(cls, folder: Path, dtype: torch.dtype, block_size: int) -> "Int8Entry":
+        model_hash = model_content_hash(folder)
+        settings = config_hash(text_sha256=hashlib.sha256(CALIBRATION_TEXT.read_bytes()).hexdigest(),
+                               alpha=SMOOTHQUANT_ALPHA, chunk_tokens=CALIBRATION_CHUNK_TOKENS,
+                               block_size=block_size, dtype=str(dtype))
+        return cls(entry_path(model_hash, settings), model_hash, settings)
+
+    def load_into(self, model: LlamaForCausalLM) -> bool:
+        """The cached int8 matrices into model (before its float weights load); False where there is no valid
+        entry for them."""
+        cached = load_entry(self.path, self.model_hash, self.settings_hash)
+        self.loaded = cached is not None and model.load_int8(cached)
+        if self.loaded:
+            logger.info("int8 weights from the cache: %s", self.path)
+        return self.loaded
 
 
 class ModelExecutor:
@@ -60,11 +100,17 @@ class ModelExecutor:
         """kv_cache_memory is per rank (as vLLM's memory budget is per device): a rank holding 1/N of
         the KV heads fits N times the blocks. quantization "gguf" reads gguf_path's blocks instead of
         the converted folder's float weights."""
-        model = LlamaForCausalLM(model_config, dtype, max_positions=max_model_len, tp=tp, quantization=quantization)
+        # int8 calibrates in chunks of CALIBRATION_CHUNK_TOKENS, whatever the context length
+        max_positions = max(max_model_len, CALIBRATION_CHUNK_TOKENS) if quantization == "int8" else max_model_len
+        model = LlamaForCausalLM(model_config, dtype, max_positions=max_positions, tp=tp, quantization=quantization)
+        int8_entry = Int8Entry.of(folder, dtype, cache_config.block_size) if quantization == "int8" else None
         if quantization == "gguf":
             if gguf_path is None:
                 raise ValueError("quantization 'gguf' needs the .gguf file")
             model.load_weights(load_gguf_weights(gguf_path, dtype))
+        elif int8_entry is not None and int8_entry.load_into(model):
+            # every matrix is int8 already: its float weights are not read
+            model.load_weights(load_state_dict(folder, dtype, skip=is_matrix_weight))
         else:
             model.load_weights(load_state_dict(folder, dtype))
         model.eval()
@@ -76,24 +122,49 @@ class ModelExecutor:
         if num_blocks < 1:
             raise ValueError("kv_cache_memory is too small to hold a single KV block")
         executor = cls(model, num_blocks, cache_config.block_size, cache_dtype)
-        if quantization == "int8":
-            calibration_ids = Tokenizer.from_pretrained(folder).encode(CALIBRATION_TEXT.read_text(encoding="utf-8"))
-            model.quantize_int8(executor.linear_input_absmax(calibration_ids))
+        if int8_entry is not None and not int8_entry.loaded:
+            executor.quantize_int8(folder, int8_entry)
         return executor
 
+    def quantize_int8(self, folder: Path, entry: "Int8Entry") -> None:
+        """SmoothQuant-calibrate the float model, make every matrix int8 and cache both in entry. A
+        tensor-parallel rank takes its part of the single-rank result (from a single-rank model it calibrates
+        itself), so that every tensor-parallel size runs the same int8 values."""
+        model = self.model
+        if model.tp.world_size > 1:
+            single = ModelExecutor.from_pretrained(
+                folder, model.config, CacheConfig(block_size=self.block_size, num_blocks=1), model.dtype,
+                CALIBRATION_CHUNK_TOKENS, quantization="int8")
+            if not model.load_int8(single.model.int8_state()):
+                raise ValueError("the single-rank int8 weights do not fit this rank's shapes")
+            return
+        started = time.perf_counter()
+        calibration_ids = Tokenizer.from_pretrained(folder).encode(CALIBRATION_TEXT.read_text(encoding="utf-8"))
+        input_absmax = self.linear_input_absmax(calibration_ids)
+        model.quantize_int8(input_absmax)
+        tensors = {**{f"absmax.{name}": v for name, v in input_absmax.items()}, **model.int8_state()}
+        try:
+            save_entry(entry.path, tensors, entry.model_hash, entry.settings_hash)
+            logger.info("int8: calibrated on %d tokens and quantized in %.1f s; cached in %s", len(calibration_ids),
+                        time.perf_counter() - started, entry.path)
+        except OSError as exc:  # a read-only or full cache: the next start calibrates again
+            logger.warning("could not cache the int8 weights in %s: %s", entry.path, exc)
+
     def linear_input_absmax(self, token_ids: list[int]) -> dict[str, torch.Tensor]:
-        """max |x| per input channel of every linear layer while the float model prefills token_ids
-        (in chunks that fit the KV cache): SmoothQuant's calibration. Leaves the KV cache zeroed."""
-        chunk = min(self.num_blocks * self.block_size, self.model.rope.cos.shape[0])
+        """max |x| per input channel of every linear layer while the float model prefills token_ids in chunks
+        of CALIBRATION_CHUNK_TOKENS, over a KV cache of its own in the model's dtype (so the statistics do not
+        depend on the engine's KV cache size or dtype): SmoothQuant's calibration."""
+        chunk = min(CALIBRATION_CHUNK_TOKENS, self.model.rope.cos.shape[0])
+        num_blocks = -(-chunk // self.block_size)
+        kv_caches = [torch.zeros(self.model.kv_cache_shape(num_blocks, self.block_size), dtype=self.model.dtype)
+                     for _ in self.kv_caches]
         with InputAbsMax(self.model.named_linear_layers()) as observed, torch.inference_mode():
             for start in range(0, len(token_ids), chunk):
                 part = token_ids[start:start + chunk]
                 request = ScheduledRequest("calibration", part, 0, list(range(-(-len(part) // self.block_size))),
                                            sample=False, sampling_params=None)
                 input_ids, positions, meta = self._prepare([], [request])
-                observed.record("head", self.model(input_ids, positions, self.kv_caches, meta))
-        for kv_cache in self.kv_caches:
-            kv_cache.zero_()
+                observed.record("head", self.model(input_ids, positions, kv_caches, meta))
         return observed.absmax
 
     @property
@@ -136,12 +207,15 @@ class ModelExecutor:
                     sampled_reqs.append(s)
             sampled = {}
             rows = [self._rows[s.request_id] for s in sampled_reqs]
-            for s, row_state, token in zip(sampled_reqs, rows, self._sample(hidden[last_rows], rows) if rows else ()):
+            bitmask = _grammar_rows(plan, sampled_reqs)
+            for s, row_state, token in zip(sampled_reqs, rows,
+                                           self._sample(hidden[last_rows], rows, bitmask) if rows else ()):
                 row_state.output_token_ids.append(token.token_id)
                 sampled[s.request_id] = token
         return StepResult(sampled=sampled, duration=time.perf_counter() - start)
 
-    def _sample(self, hidden: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+    def _sample(self, hidden: torch.Tensor, rows: list[SamplingRow],
+                grammar_bitmask: torch.Tensor | None = None) -> list[SampledToken]:
         """One token per row of hidden; none on a rank that gets no logits back."""
         if plain_greedy(rows):
             tokens = self.model.greedy_tokens(hidden)  # a W8A8 head's argmaxes, without fp32 logits
@@ -149,7 +223,11 @@ class ModelExecutor:
                 return [SampledToken(t) for t in tokens.tolist()]
         # Every rank computes its vocabulary slice; only the first rank gets logits back, and samples.
         logits = self.model.compute_logits(hidden)
-        return [] if logits is None else self.sampler(logits, rows)
+        if logits is None:
+            return []
+        if grammar_bitmask is not None:
+            grammar_bitmask = grammar_bitmask.to(logits.device, non_blocking=True)
+        return self.sampler(logits, rows, grammar_bitmask)
 
     def prompt_logits(self, token_ids: list[int], step_tokens: int | None = None) -> torch.Tensor:
         """(len(token_ids), vocab) fp32 logits at every position of one sequence, prefilled over the
@@ -202,3 +280,17 @@ class ModelExecutor:
             input_ids, positions, slot_mapping = (torch.cat(x) for x in (id_parts, pos_parts, slot_parts))
         meta = AttentionMetadata(slot_mapping, len(decodes), decode_tables, decode_mask, decode_lens, chunks)
         return input_ids, positions, meta
+
+
+def _grammar_rows(plan: StepPlan, sampled: list[ScheduledRequest]) -> torch.Tensor | None:
+    """The plan's grammar bitmask laid out as the sampled rows (all tokens allowed where a row has no grammar)."""
+    if plan.grammar_bitmask is None:
+        return None
+    source = torch.from_numpy(plan.grammar_bitmask_now())
+    where = {request_id: row for row, request_id in enumerate(plan.grammar_request_ids)}
+    bitmask = torch.full((len(sampled), source.shape[1]), -1, dtype=torch.int32)
+    for i, s in enumerate(sampled):
+        row = where.get(s.request_id)
+        if row is not None:
+            bitmask[i] = source[row]
+    return bitmask

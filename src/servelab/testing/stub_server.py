@@ -15,7 +15,7 @@ from pathlib import Path
 
 from servelab.engine.core_client import InprocClient
 from servelab.entrypoints.serve import _configure_logging, add_serve_parser, server_config
-from servelab.gateway.server import serve
+from servelab.entrypoints.api_server import serve
 from servelab.testing.server import ServerProcess, free_port
 from servelab.testing.stub_engine import VOCAB, make_engine
 
