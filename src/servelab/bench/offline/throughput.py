@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         by = {r["engine"].rsplit(" ", 1)[-1]: r for r in runs}
         result["continuous_vs_static"] = by["continuous"]["output_throughput"] / by["static"]["output_throughput"]
     if args.baseline == "hf":
-        from servelab.bench.hf_baseline import run_hf_static
+        from servelab.bench.offline.hf_baseline import run_hf_static
         from servelab.model.loader import resolve_model_path
 
         n = args.baseline_num_prompts or len(prompts)
