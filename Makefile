@@ -42,7 +42,8 @@ test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest -n auto --dist loadfile tests
 
 # Optional: the simulator's hot modules compiled with mypyc (about twice as fast; a C compiler and mypy
-# needed). Used only while their sources are unchanged; pure Python otherwise (src/servelab/compiled).
+# needed). Used by a process run with SERVELAB_COMPILED=auto or 1, and only while their sources are unchanged;
+# pure Python otherwise (src/servelab/compiled).
 compiled: $(STAMP)
 	$(PIP) install -q "mypy>=1.10,<3"
 	$(PY) -m servelab.compiled.build

@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 # The suite tests the sources as Python, also where `make compiled` built the simulator's compiled modules
-# (SERVELAB_PURE=0 runs it compiled); tests/compiled/test_compiled.py reruns the golden checks compiled.
-os.environ.setdefault("SERVELAB_PURE", "1")
+# (SERVELAB_COMPILED=1 runs it compiled); tests/compiled/test_compiled.py reruns the golden checks compiled.
+os.environ.setdefault("SERVELAB_COMPILED", "0")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

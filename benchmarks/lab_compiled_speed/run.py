@@ -26,10 +26,7 @@ SAME = ("num_requests", "replicas_min", "replicas_max", "num_instances_started",
 
 def one_run(hours: float, pure: bool) -> dict:
     env = {**os.environ, "PYTHONHASHSEED": "0"}
-    if pure:
-        env["SERVELAB_PURE"] = "1"
-    else:
-        env.pop("SERVELAB_PURE", None)
+    env["SERVELAB_COMPILED"] = "0" if pure else "1"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp, "run.json")
         subprocess.run([sys.executable, str(HERE / "lab_autoscale_speed.py"), "--hours", f"{hours:g}", "--out", str(out)],
@@ -37,7 +34,7 @@ def one_run(hours: float, pure: bool) -> dict:
         result = json.loads(out.read_text())
     if result["compiled"] == pure:
         raise RuntimeError("the compiled build is not in use: run `python -m servelab.compiled.build` first"
-                           if not pure else "SERVELAB_PURE=1 did not turn the build off")
+                           if not pure else "SERVELAB_COMPILED=0 did not turn the build off")
     return result
 
 

@@ -1,7 +1,7 @@
 """Instructions simulate() executes on a fixed slice, counted by valgrind (cachegrind's I refs): a speed figure
 that other jobs on a shared machine do not move (its run-to-run spread is about 1 %), for A/B-ing changes to
 the simulator's hot path. Written to benchmarks/lab_sim_instructions/lab_sim_instructions.json (with the mypyc build
-of `make compiled` in use, which it records: SERVELAB_PURE=1 counts pure Python).
+of `make compiled` in use under SERVELAB_COMPILED=1 or auto, which it records; by default pure Python).
 
     .venv/bin/python benchmarks/lab_sim_instructions/run.py [--src OTHER_TREE/src]
 

@@ -1,4 +1,5 @@
-"""The simulator's optional mypyc build (servelab/compiled): used only when current, and it changes no byte.
+"""The simulator's optional mypyc build (servelab/compiled): used only when switched on (SERVELAB_COMPILED,
+reported by `servelab --version`) and current, whatever the process imports first, and it changes no byte.
 
 The build is taken only when every compiled module's source still has the hash it was built from and the
 interpreter matches; otherwise the same sources run as Python. Compiled, the golden simulations, the
@@ -69,30 +70,42 @@ def _run(code: str, **env) -> str:
     return out.stdout
 
 
-def test_the_build_is_loaded_and_its_modules_are_compiled(build_dir):
-    code = ("import servelab.lab, servelab.compiled as c, servelab.core.engine_core as e;"
-            "print(c.active(), e.__file__.endswith('.so'))")
-    assert _run(code, SERVELAB_COMPILED_DIR=str(build_dir), SERVELAB_PURE="0").split() == ["True", "True"]
-    assert _run(code, SERVELAB_COMPILED_DIR=str(build_dir), SERVELAB_PURE="1").split() == ["False", "False"]
+def _cli_version(**env) -> str:
+    return _run("from servelab.entrypoints.cli import main; main(['--version'])", **env)
 
 
-def test_the_serving_engine_runs_the_python_sources(build_dir):
-    """An engine core or LLM imports the engine, not the lab: with a current build present, still pure Python."""
-    code = ("import servelab, servelab.engine.llm_engine, servelab.compiled as c, servelab.core.scheduler as s;"
-            "print(c.active(), s.__file__.endswith('.py'))")
-    assert _run(code, SERVELAB_COMPILED_DIR=str(build_dir), SERVELAB_PURE="0").split() == ["False", "True"]
+def test_the_switch_is_off_by_default_and_says_so_without_a_build(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "SERVELAB_COMPILED"}
+    out = subprocess.run([sys.executable, "-c", "import servelab.compiled as c, servelab.core.scheduler;"
+                          "print(c.mode(), c.active())"], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
+    assert out.stdout.split() == ["0", "False"]
+    assert "compiled lab modules: off (SERVELAB_COMPILED=0" in _cli_version(SERVELAB_COMPILED="0")
+    assert "off (SERVELAB_COMPILED=auto: no current build" in _cli_version(SERVELAB_COMPILED="auto",
+                                                                           SERVELAB_COMPILED_DIR=str(tmp_path))
+
+
+def test_the_switch_turns_the_build_on_whatever_is_imported_first(build_dir):
+    """The engine first (as an engine core or LLM does) or the lab first: the switch alone decides."""
+    for first in ("servelab.engine.llm_engine", "servelab.lab.sim.simulate"):
+        code = (f"import {first}, servelab.compiled as c, servelab.core.scheduler as s;"
+                "print(c.active(), s.__file__.endswith('.so'))")
+        for switch, expected in (("1", ["True", "True"]), ("auto", ["True", "True"]), ("0", ["False", "False"])):
+            assert _run(code, SERVELAB_COMPILED_DIR=str(build_dir), SERVELAB_COMPILED=switch).split() == expected
+    assert "compiled lab modules: on (SERVELAB_COMPILED=1" in _cli_version(SERVELAB_COMPILED_DIR=str(build_dir),
+                                                                           SERVELAB_COMPILED="1")
 
 
 def test_golden_and_multi_step_checks_pass_compiled(build_dir):
     # byte-identical to the recorded pure-Python output (test_simulate_golden), and single steps
     # against runs (test_multi_step, test_run_horizon), all with the compiled modules; not the one that
     # patches a method of DecodeBatch (a compiled class's methods are fixed)
-    tests = ["tests/lab/sim/test_simulate_golden.py", "tests/core/decode_runs/test_multi_step.py", "tests/lab/sim/test_run_horizon.py"]
-    # the lab first, so that the build is in use before pytest's conftest imports anything (checked)
-    code = ("import sys, servelab.lab, servelab.compiled as c; assert c.active(); import pytest;"
+    tests = ["tests/lab/sim/test_simulate_golden.py", "tests/core/decode_runs/test_multi_step.py",
+             "tests/lab/sim/test_run_horizon.py"]
+    # the build is in use before pytest's conftest imports anything (checked)
+    code = ("import sys, servelab.compiled as c; assert c.active(); import pytest;"
             f"sys.exit(pytest.main(['-x', '-q', '-o', 'addopts=', '-p', 'no:cacheprovider', *{tests!r},"
             "'-k', 'not trimmed_step_ends']))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         env={**os.environ, "SERVELAB_COMPILED_DIR": str(build_dir), "SERVELAB_PURE": "0"})
+                         env={**os.environ, "SERVELAB_COMPILED_DIR": str(build_dir), "SERVELAB_COMPILED": "1"})
     assert out.returncode == 0, out.stdout[-3000:]
     assert " passed" in out.stdout

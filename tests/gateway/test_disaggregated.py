@@ -142,9 +142,11 @@ def test_first_token_streams_before_the_decode_core_has_the_request():
     async def body(ae):
         stream = await ae.add_request("s", [2, 3], SamplingParams(max_tokens=6, ignore_eos=True))
         first = await stream.__anext__()
-        decode_seen = [e for e in events if e.engine_index == 1 and e.step is not None]
-        rest = [o async for o in stream]
-        return first, decode_seen, rest[-1]
+        decode_seen = [e for e in events if e.engine_index == 1 and e.steps]
+        last = first.copy()
+        async for delta in stream:
+            last.add(delta)
+        return first, decode_seen, last
 
     try:
         first, decode_seen, last = run(pd.cores, body, events)

@@ -237,3 +237,21 @@ def test_tokenize_detokenize_and_logit_bias(client, server):
     out = client.completions.create(model=MODEL, prompt="Fruit:", max_tokens=3, temperature=0,
                                     logit_bias={str(first): 100})
     assert out.choices[0].text == piece * 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_mode_parses_hermes_calls_out_of_the_text(client, stream):
+    """tool_choice auto: the text is parsed for <tool_call> blocks (a grammar makes the tiny model write one)."""
+    text = 'Checking. <tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    kwargs = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], max_tokens=60,
+                  extra_body={"structured_outputs": {"choice": [text]}})
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **kwargs))
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        calls, finish = _stream_tool_calls(iter(chunks))
+        assert (content, finish) == ("Checking. ", "tool_calls")
+        assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_time", {"zone": "UTC"})]
+    else:
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        assert (choice.message.content, choice.finish_reason) == ("Checking. ", "tool_calls")
+        assert _validate_call(choice.message.tool_calls[0]) == {"zone": "UTC"}

@@ -75,7 +75,7 @@ def test_recorder_snapshot_and_rates():
     recorder = MetricsRecorder(ServerMetrics("m", weight_bytes=1))
     recorder.start()
     try:
-        recorder.submit(EngineEvents(STATE, StepSample(0.01, 7, 2, 5), [FinishedRequest("r", ["stop"], [timing()])]))
+        recorder.submit(EngineEvents(STATE, [StepSample(0.01, 7, 2, 5)], [FinishedRequest("r", ["stop"], [timing()])]))
         deadline = time.monotonic() + 5
         while recorder.snapshot().get("requests_finished_total", 0) < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -96,8 +96,8 @@ def test_engine_label_per_core_and_the_snapshot_sums_them():
     other = EngineState(num_running=1, num_waiting=0, kv_usage=0.5, num_blocks=8, num_free_blocks=4, block_size=4,
                         num_reserved_unused_slots=0, max_num_seqs=4, num_preemptions_total=1)
     recorder.start()
-    recorder.submit(EngineEvents(STATE, StepSample(0.01, 7, 2, 5), engine_index=0))
-    recorder.submit(EngineEvents(other, StepSample(0.01, 3, 1, 0), engine_index=1))
+    recorder.submit(EngineEvents(STATE, [StepSample(0.01, 7, 2, 5)], engine_index=0))
+    recorder.submit(EngineEvents(other, [StepSample(0.01, 3, 1, 0)], engine_index=1))
     recorder.stop()  # records what was submitted, then stops
     text = generate_latest(metrics.registry).decode()
     assert 'servelab:num_requests_running{engine="0",model_name="m"} 2.0' in text

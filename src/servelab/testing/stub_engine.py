@@ -141,13 +141,13 @@ class CheckedEngine(LLMEngine):
         super().__init__(*args, **kwargs)
         self.thread_ids: set[int] = set()
 
-    def add_request(self, request) -> None:
+    def add_core_request(self, request):
         self.thread_ids.add(threading.get_ident())
-        super().add_request(request)
+        return super().add_core_request(request)
 
-    def step(self):
+    def step_core(self):
         self.thread_ids.add(threading.get_ident())
-        outputs = super().step()
+        outputs = super().step_core()
         self.check_invariants()
         return outputs
 
