@@ -12,7 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from server_helpers import API_KEY, TINY_ENGINE_FLAGS
+from servelab.testing.server import API_KEY, TINY_ENGINE_FLAGS
 
 MODEL = "tiny-llama"
 SCHEMAS = {
