@@ -5,7 +5,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from servelab.config import (KV_CACHE_DTYPES, QUANTIZATION_METHODS, SCHEDULE_POLICIES, CacheConfig, KVTransferConfig, ParallelConfig,
-                             SchedulerConfig)
+                             SchedulerConfig, SpeculativeConfig)
 
 
 @dataclass
@@ -28,6 +28,8 @@ class EngineArgs:
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     quantization: str | None = None
+    # vLLM's --speculative-config: a JSON string (the CLI), a dict (LLM(...)) or a SpeculativeConfig
+    speculative_config: str | dict | SpeculativeConfig | None = None
     # `servelab serve` only: engine-core processes behind the API server, or one engine in a thread of it
     data_parallel_size: int = 1
     engine_in_process: bool = False
@@ -85,6 +87,11 @@ class EngineArgs:
                                  "without de-quantizing them; int8 = W8A8 dynamic (int8 weights per channel, "
                                  "activations per token), for batched steps. Default: float weights (--dtype)")
 
+        parser.add_argument("--speculative-config", default=None, metavar="JSON",
+                            help='speculative decoding, as vLLM\'s: {"method": "ngram", "num_speculative_tokens": K, '
+                                 '"prompt_lookup_max": N, "prompt_lookup_min": M} proposes up to K tokens by prompt '
+                                 "lookup for each greedy request and verifies them in the same batched step")
+
     @staticmethod
     def add_process_cli_args(parser: argparse.ArgumentParser) -> None:
         """Where the engine runs (servelab serve)."""
@@ -104,6 +111,15 @@ class EngineArgs:
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+    def speculative(self) -> SpeculativeConfig | None:
+        value = self.speculative_config
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, dict):
+            import json
+            value = json.dumps(value)
+        return SpeculativeConfig.from_json(value)
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(block_size=self.block_size, kv_cache_memory=self.kv_cache_memory,

@@ -60,7 +60,7 @@ def test_output_processor_reports_a_stop_string_instead_of_calling_the_core():
 
     def out(position, t):
         times = EngineCoreTimes(1.0, 1.5, 2.0, t, None, 0)
-        return EngineCoreOutput("r", SampledToken(word_id(position)), None, times)
+        return EngineCoreOutput("r", [SampledToken(word_id(position))], None, times)
 
     first = processor.process([out(1, 2.0)])
     assert first.stopped_request_ids == [] and first.request_outputs[0].outputs[0].text == ""  # " w1" held back

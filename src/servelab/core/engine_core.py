@@ -115,7 +115,7 @@ class EngineCore:
                 continue
             request.times.finished = now
             self.scheduler.finish_request(request, status)
-            outputs.append(request.output(None))
+            outputs.append(request.output([]))
         return outputs
 
     def has_unfinished_requests(self) -> bool:
@@ -137,7 +137,7 @@ class EngineCore:
         end = self.clock.now()
         updated = self.scheduler.update_from_output(plan, result, end)
         self.step_request_ids = ()
-        outputs = [r.output(result.sampled.get(r.request_id)) for r in updated]
+        outputs = [r.output(new_tokens) for r, new_tokens in updated]
         return StepOutputs(outputs, self._emit(self._stats(plan, result, start, end)))
 
     def step_with_decode_runs(self, horizon: float = math.inf) -> StepOutputs:
@@ -175,7 +175,7 @@ class EngineCore:
         finished = planner.advance(run, executor.run_token_id, ends)
         end = ends[-1]
         clock.advance_to(end)
-        outputs = [r.output(None) for r in finished] if finished else []
+        outputs = [r.output([]) for r in finished] if finished else []
         batch_size = run.batch_size
         if result is None:
             breakdown, plan_tokens, plan_decode = {}, 0, 0
@@ -186,7 +186,7 @@ class EngineCore:
         else:
             assert plan is not None  # result is set only for a plan's step
             updated = scheduler.update_from_output(plan, result, end)
-            outputs += [r.output(result.sampled.get(r.request_id)) for r in updated]
+            outputs += [r.output(new_tokens) for r, new_tokens in updated]
             breakdown, segments, batch_tokens = result.breakdown, [], batch_size
             plan_tokens, plan_decode = _plan_counts(plan)
         stats = StepStats(
@@ -227,12 +227,12 @@ class EngineCore:
 
 
 def _plan_counts(plan: StepPlan) -> tuple[int, int]:
-    """(tokens scheduled, requests decoding one token)."""
+    """(tokens scheduled, requests decoding: one token, or one and the drafts it verifies)."""
     num_tokens = num_decode = 0
     for s in plan.scheduled:
         num_new = len(s.token_ids)
         num_tokens += num_new
-        if num_new == 1 and s.num_computed_tokens > 0:
+        if num_new - s.num_spec_tokens == 1 and s.num_computed_tokens > 0:
             num_decode += 1
     return num_tokens, num_decode
 

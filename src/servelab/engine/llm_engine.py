@@ -19,6 +19,7 @@ from servelab.core.engine_core import EngineCore, StepStats
 from servelab.core.engine_io import EngineCoreRequest, EngineLimits
 from servelab.core.request import Request, RequestStatus
 from servelab.core.scheduler import Scheduler
+from servelab.core.spec_decode.ngram import NgramProposer
 from servelab.engine.input_processor import InputProcessor, child_requests
 from servelab.engine.output_processor import OutputProcessor
 from servelab.engine_args import EngineArgs
@@ -50,7 +51,8 @@ class LLMEngine:
         self.executor = executor
         self._block_manager = BlockManager(executor.num_blocks, config.cache.block_size, enable_caching=(
             config.cache.enable_prefix_caching and not config.scheduler.contiguous))
-        self._scheduler = Scheduler(config.scheduler, self._block_manager)
+        proposer = NgramProposer(config.speculative) if config.speculative is not None else None
+        self._scheduler = Scheduler(config.scheduler, self._block_manager, proposer)
         self.core = EngineCore(self._scheduler, executor, WallClock(), stats_sink=self._on_step_stats)
         self.limits = EngineLimits(config.scheduler.max_model_len, config.model.vocab_size, executor.num_blocks,
                                    config.cache.block_size)
@@ -76,7 +78,8 @@ class LLMEngine:
         sched = args.scheduler_config(model_config.max_position_embeddings)
         # EngineConfig checks the tensor-parallel size against the model's heads before any process starts.
         config = EngineConfig(model=model_config, cache=cache, scheduler=sched, parallel=args.parallel_config(),
-                              dtype=str(dtype).removeprefix("torch."), kv_transfer=args.kv_transfer_config)
+                              dtype=str(dtype).removeprefix("torch."), kv_transfer=args.kv_transfer_config,
+                              speculative=args.speculative())
         tokenizer = Tokenizer.from_pretrained(folder)
         if config.parallel.tensor_parallel_size == 1:
             gguf_path = gguf_file(args.model) if args.quantization == "gguf" else None
@@ -118,7 +121,7 @@ class LLMEngine:
         if awaited is not None:  # its KV is still on the wire: the staging tensor is dropped when it lands
             awaited.status = RequestStatus.FINISHED_ABORTED
             awaited.times.finished = time.perf_counter()
-            return self.output_processor.process([awaited.output(None)]).request_outputs
+            return self.output_processor.process([awaited.output([])]).request_outputs
         core_outputs = self.core.abort_requests(self.output_processor.child_ids(request_id))
         return self.output_processor.process(core_outputs).request_outputs
 
@@ -164,7 +167,7 @@ class LLMEngine:
                 self._kv_arrived.append((request, done.staging))
             else:
                 request.status = RequestStatus.FINISHED_ABORTED
-                self.output_processor.process([request.output(None)])  # forgets it; the caller fails it
+                self.output_processor.process([request.output([])])  # forgets it; the caller fails it
                 events.failed.append((request.request_id, f"its KV did not arrive: {done.error}"))
         while self._kv_arrived:
             request, staging = self._kv_arrived[0]
@@ -194,7 +197,7 @@ class LLMEngine:
         if kv.first_token_time is not None:
             times.token_times.append(kv.first_token_time)
         self.output_processor.add_request(request, [request])
-        self.output_processor.process([core_request.output(kv.first_token)])  # text and stop-string state so far
+        self.output_processor.process([core_request.output([kv.first_token])])  # text and stop-string state so far
         self._kv_awaited[kv.tag] = core_request
 
     def _take_awaited(self, request_id: str) -> Request | None:
@@ -228,7 +231,9 @@ class LLMEngine:
         return EngineState(scheduler.num_running, scheduler.num_waiting, blocks.usage, blocks.num_blocks,
                            blocks.num_free_blocks, blocks.block_size, blocks.num_reserved_unused_slots(),
                            scheduler.max_num_seqs, scheduler.num_preemptions_total,
-                           scheduler.prefix_cache_queries_total, scheduler.prefix_cache_hits_total)
+                           scheduler.prefix_cache_queries_total, scheduler.prefix_cache_hits_total,
+                           scheduler.spec_num_drafts_total, scheduler.spec_num_draft_tokens_total,
+                           scheduler.spec_num_accepted_tokens_total, tuple(scheduler.spec_num_accepted_tokens_per_pos))
 
     def check_invariants(self) -> None:
         """Raises AssertionError when the KV cache's bookkeeping is inconsistent (every block free or

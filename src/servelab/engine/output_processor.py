@@ -80,14 +80,20 @@ class OutputProcessor:
             if sample.completion.finished:
                 continue
             sample.times = out.times
-            stop = None if out.new_token is None else self._add_token(sample, out.new_token, out.finish_reason)
-            if out.finish_reason is not None:
-                self._finish(sample, out.finish_reason, self._stop_token_id(sample, out))
-            elif stop is not None:
-                # it ended with the token that completed the stop string
+            stop = None
+            for count, token in enumerate(out.new_tokens, 1):
+                # the finish reason belongs to the step's last token
+                stop = self._add_token(sample, token, out.finish_reason if count == len(out.new_tokens) else None)
+                if stop is not None:
+                    break
+            if stop is not None:
+                # it ended with the token that completed the stop string (the core may have taken more)
                 sample.times = replace(out.times, finished=out.times.last_token)
                 self._finish(sample, "stop", stop)
-                stopped.append(out.request_id)
+                if out.finish_reason is None:
+                    stopped.append(out.request_id)
+            elif out.finish_reason is not None:
+                self._finish(sample, out.finish_reason, self._stop_token_id(sample, out))
             changed[parent.request_id] = parent
         results = [self._snapshot(p) for p in changed.values()]
         for parent in changed.values():
@@ -126,9 +132,9 @@ class OutputProcessor:
     @staticmethod
     def _stop_token_id(sample: _Sample, out: EngineCoreOutput) -> int | None:
         """The stop token id that ended the request; None for EOS, which the core checks first."""
-        if out.finish_reason != "stop" or out.new_token is None:
+        if out.finish_reason != "stop" or not out.new_tokens:
             return None
-        token_id, params = out.new_token.token_id, sample.request.sampling_params
+        token_id, params = out.new_tokens[-1].token_id, sample.request.sampling_params
         if not params.ignore_eos and token_id in sample.request.eos_token_ids:
             return None
         return token_id if token_id in params.stop_token_ids else None

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servelab.config import SpeculativeConfig
 from servelab.errors import FieldError
 from servelab.lab.analysis.autoscale_policies import AutoscalePolicyConfig
 from servelab.lab.analysis.autoscaling import AutoscaleOutcome, AutoscaleSettings, evaluate_autoscaling
@@ -54,6 +55,9 @@ class DeploymentRequest:
     quantization: str | None = None
     first_token_from_decode: bool = False
     async_output: bool = False  # vLLM V0's asynchronous output processing: tokens reach the client a step later
+    # the engine's --speculative-config (a JSON string or its dict), and the rate its drafts are accepted at
+    speculative_config: str | dict | None = None
+    spec_acceptance_rate: float | None = None
 
     def build(self) -> Deployment:
         model, device = get_model(self.model), get_device(self.gpu)
@@ -78,8 +82,19 @@ class DeploymentRequest:
             enable_prefix_caching=self.enable_prefix_caching, cuda_graphs=self.cuda_graphs,
             num_scheduler_steps=self.num_scheduler_steps, mixed_batches=self.mixed_batches,
             quantization=self.quantization,
-            first_token_from_decode=self.first_token_from_decode, async_output=self.async_output, **extra,
+            first_token_from_decode=self.first_token_from_decode, async_output=self.async_output,
+            speculative=self._speculative(), spec_acceptance_rate=self.spec_acceptance_rate, **extra,
         )
+
+    def _speculative(self) -> SpeculativeConfig | None:
+        value = self.speculative_config
+        if value is None:
+            return None
+        try:
+            return SpeculativeConfig.from_json(value if isinstance(value, str) else json.dumps(value))
+        except ValueError as err:
+            raise FieldError(f"{{speculative_config}}: {str(err).removeprefix('--speculative-config ')}",
+                             "speculative_config") from None
 
     def _calibrated_efficiency(self, device):
         try:
