@@ -11,6 +11,8 @@ TEXTS = [
     "The capital of France is",
     "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22",
 ]
+# the tiny random model's greedy output after a repeated token repeats itself: drafts hit there too
+PROMPTS = TEXTS + [{"prompt_token_ids": [500] * 20}]
 
 
 @pytest.fixture(scope="module", params=["tiny_llama_dir", "default_model_dir"])
@@ -20,8 +22,8 @@ def model_dir(request):
 
 def generate(folder, **kwargs):
     llm = LLM(str(folder), dtype="float32", **kwargs)
-    params = [SamplingParams(temperature=0, max_tokens=n) for n in (40, 33, 24, 40)]
-    outputs = llm.generate(TEXTS, params)
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in (40, 33, 24, 40, 60)]
+    outputs = llm.generate(PROMPTS, params)
     engine = llm.engine
     assert not engine.has_unfinished_requests()
     state = engine.get_state()
@@ -38,3 +40,16 @@ def test_greedy_identical_with_speculation(model_dir, budget):
     scheduler = engine._scheduler
     assert scheduler.spec_num_drafts_total > 0 and scheduler.spec_num_accepted_tokens_total > 0
     assert sum(scheduler.spec_num_accepted_tokens_per_pos) == scheduler.spec_num_accepted_tokens_total
+
+
+def test_lab_profile_measures_acceptance(tiny_llama_dir):
+    """`lab profile --spec-acceptance-only`'s measurement: the counts agree with each other and the fitted rate
+    gives the measured tokens per decode step."""
+    from servelab.config import SpeculativeConfig
+    from servelab.lab.calibrate.spec_acceptance import measure_acceptance, tokens_per_step
+
+    llm = LLM(str(tiny_llama_dir), dtype="float32", speculative_config=SPEC)
+    m = measure_acceptance(llm.engine, SpeculativeConfig(**SPEC), num_prompts=2, max_tokens=24)
+    assert m["num_decode_tokens"] <= 2 * 23 and m["num_decode_steps"] >= m["num_drafts"] > 0
+    assert m["num_draft_tokens"] >= m["num_drafts"]
+    assert abs(tokens_per_step(m["fitted_acceptance_rate"], 4) - m["tokens_per_decode_step"]) < 1e-6

@@ -74,3 +74,13 @@ def test_deployment_request_checks_the_speculative_fields():
     d = DeploymentRequest(speculative_config={"method": "ngram", "num_speculative_tokens": 2},
                           spec_acceptance_rate=0.5).build()
     assert d.to_json()["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 2}
+
+
+def test_fit_acceptance_rate_inverts_tokens_per_step():
+    from servelab.lab.calibrate.spec_acceptance import fit_acceptance_rate, tokens_per_step
+
+    assert tokens_per_step(0.0, 3) == 1 and tokens_per_step(1.0, 3) == 4
+    assert abs(tokens_per_step(0.7, 3) - (1 + 0.7 + 0.49 + 0.343)) < 1e-12
+    for rate in (0.1, 0.5, 0.9):
+        assert abs(fit_acceptance_rate(tokens_per_step(rate, 4), 4) - rate) < 1e-9
+    assert (fit_acceptance_rate(0.8, 4), fit_acceptance_rate(7.0, 4)) == (0.0, 1.0)

@@ -67,6 +67,8 @@ class DeploymentRequest:
             profile = load_cpu_profile()
             profile.check_model(model)
             extra = dict(efficiency=profile.efficiency, kv_cache_bytes=profile.kv_cache_bytes)
+            if self.speculative_config is not None and self.spec_acceptance_rate is None and profile.spec_decode:
+                extra["spec_acceptance_rate"] = profile.spec_decode["fitted_acceptance_rate"]  # measured here
             defaults = (profile.max_num_seqs, profile.max_num_batched_tokens, profile.dtype)
         else:
             extra = dict(efficiency=self._calibrated_efficiency(device))
@@ -83,7 +85,7 @@ class DeploymentRequest:
             num_scheduler_steps=self.num_scheduler_steps, mixed_batches=self.mixed_batches,
             quantization=self.quantization,
             first_token_from_decode=self.first_token_from_decode, async_output=self.async_output,
-            speculative=self._speculative(), spec_acceptance_rate=self.spec_acceptance_rate, **extra,
+            speculative=self._speculative(), **{"spec_acceptance_rate": self.spec_acceptance_rate, **extra},
         )
 
     def _speculative(self) -> SpeculativeConfig | None:
