@@ -1,157 +1,88 @@
-"""Simulate every published reference point (servelab/lab/catalog/data/reference_points.json) with the current
-lab and compare: published value, simulated value (the calibration fitted to all points), the held-out value
-(k-fold cross-validation: simulated with the constants fitted without that point's fold) and their relative
-errors, grouped by kind of measurement.
+"""The lab's error on published points it never saw, by regime: the leave-one-source-out errors that
+`servelab lab calibrate --reference` stored in a calibration profile, tabled by precision, TP, load level,
+context, engine and GPU family, by source, and the worst points.
 
-    PYTHONPATH=src python benchmarks/reference_table.py [--calibration public] [--num-prompts N] [--out DIR]
+    PYTHONPATH=src python benchmarks/reference_table.py [--calibration public] [--out DIR]
 
-Writes reference.json (every point) and reference.md (tables per group, mean absolute relative errors, worst points).
-The held-out values come from the calibration profile, where `servelab lab calibrate --reference` stored them.
+Writes reference.md and reference.json to benchmarks/results/reference/ (no simulation: the profile holds each
+point's held-out and in-sample predictions).
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import time
 from pathlib import Path
 
-from servelab.lab.api import DeploymentRequest, SimulateRequest, simulate
+from servelab.lab.catalog import get_device
 from servelab.lab.catalog.calibration import DEFAULT_CALIBRATION, load_calibration
-from servelab.lab.catalog.reference import GROUPS, ReferencePoint, load_reference_points, to_simulation
 
 OUT_DIR = Path(__file__).parent / "results" / "reference"
+LONG_CONTEXT = 8192  # input tokens from which a point counts as long-context
+REGIMES = {
+    "precision": lambda p: p["precision"],
+    "TP": lambda p: "TP1" if p["tp"] == 1 else "TP>1",
+    "load": lambda p: p["load"] or "unknown",
+    "context": lambda p: "long (>= 8k in)" if (p.get("input_len") or 0) >= LONG_CONTEXT else "short (< 8k in)",
+    "engine": lambda p: p["engine"],
+    "GPU family": lambda p: get_device(p["gpu"]).family,
+    "source": lambda p: p["source"],
+}
 
 
-def run_point(point: ReferencePoint, num_prompts: int | None, calibration: str, fitted: dict) -> dict:
-    sim = to_simulation(point, num_prompts=num_prompts)
-    deployment = DeploymentRequest(**sim.deployment.as_kwargs(), calibration=calibration)
-    result = simulate(SimulateRequest(deployment=deployment, workload=sim.workload))
-    row = {"id": point.id, "group": point.group, "load": point.load, "engine": f"{point.engine} {point.engine_version}",
-           "gpu": point.gpu, "num_gpus": point.num_gpus, "model": point.model, "tp": point.tp,
-           "disaggregation": ":".join(map(str, point.disaggregation)) if point.disaggregation else None,
-           "dataset": sim.workload.dataset, "num_prompts": sim.workload.num_prompts,
-           "metric": point.metric.name, "unit": point.metric.unit, "published": point.metric.value,
-           "read_from": point.metric.read_from, "tolerance": point.metric.tolerance, "source": point.source.url,
-           "fits": result.evaluation.fits, "engine_key": sim.deployment.engine,
-           "num_scheduler_steps": sim.deployment.num_scheduler_steps,
-           "held_out": fitted.get("held_out"), "held_out_error": fitted.get("held_out_error"),
-           "excluded": fitted.get("excluded")}
-    if not result.evaluation.fits:
-        return {**row, "simulated": None, "rel_error": None, "reason": result.evaluation.reason}
-    simulated = result.evaluation.metrics[sim.metric]
-    return {**row, "simulated": simulated, "rel_error": (simulated - point.metric.value) / point.metric.value}
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
-def summarize(rows: list[dict]) -> dict:
-    used = [r for r in rows if not r["excluded"]]
-    errors = [abs(r["rel_error"]) for r in used if r["rel_error"] is not None]
-    held = [abs(r["held_out_error"]) for r in used if r["held_out_error"] is not None]
-    by_group = {}
-    for g in GROUPS:
-        group = [r for r in used if r["group"] == g]
-        e = [abs(r["rel_error"]) for r in group if r["rel_error"] is not None]
-        h = [abs(r["held_out_error"]) for r in group if r["held_out_error"] is not None]
-        if e:
-            by_group[g] = {"count": len(e), "mean_abs_rel_error": _mean(e), "held_out_mean_abs_error": _mean(h),
-                           "held_out_max_abs_error": max(h, default=math.nan)}
-    worst = sorted((r for r in used if r["held_out_error"] is not None), key=lambda r: -abs(r["held_out_error"]))[:8]
-    return {"count": len(rows), "simulated": len(errors), "excluded": len(rows) - len(used),
-            "mean_abs_rel_error": _mean(errors),
-            "median_abs_rel_error": sorted(errors)[len(errors) // 2] if errors else math.nan,
-            "held_out_mean_abs_error": _mean(held), "held_out_max_abs_error": max(held, default=math.nan),
-            "held_out_within_25pct": sum(e <= 0.25 for e in held),
-            "by_group": by_group, "worst": [r["id"] for r in worst]}
-
-
-def _fmt(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:,.2f}" if abs(value) < 1000 else f"{value:,.0f}"
-
-
-def render_markdown(rows: list[dict], summary: dict, num_prompts: int | None, calibration: str, folds: int) -> str:
-    lines = ["# Published GPU serving measurements vs the lab's simulation", "",
-             "Generated by `benchmarks/reference_table.py`"
-             + (f" with `--num-prompts {num_prompts}`" if num_prompts else " (each source's own request count)")
-             + f", calibration `{calibration}`. Data and sources: `src/servelab/lab/catalog/data/reference_points.json`.",
-             "",
-             f"*simulated*: with the constants fitted to all points (in-sample). *held-out*: with the constants fitted "
-             f"without the point's fold ({folds}-fold cross-validation), the error to expect on a deployment the lab "
-             f"was not fitted to.", "",
-             f"**{summary['simulated']} of {summary['count']} points simulated, {summary['excluded']} excluded from the "
-             f"fit. Held-out mean |relative error| {summary['held_out_mean_abs_error']:.1%}, largest "
-             f"{summary['held_out_max_abs_error']:.1%}, {summary['held_out_within_25pct']} of "
-             f"{summary['simulated'] - summary['excluded']} within 25%. In-sample mean {summary['mean_abs_rel_error']:.1%}.**", "",
-             "| group | points | held-out mean abs error | held-out max | in-sample mean abs error |",
-             "|---|---:|---:|---:|---:|"]
-    lines += [f"| {g} | {s['count']} | {s['held_out_mean_abs_error']:.1%} | {s['held_out_max_abs_error']:.1%} | "
-              f"{s['mean_abs_rel_error']:.1%} |" for g, s in summary["by_group"].items()]
-    for g in GROUPS:
-        group_rows = [r for r in rows if r["group"] == g]
-        if not group_rows:
-            continue
-        lines += ["", f"## {g}", "",
-                  "| id | engine | GPU x n | model | TP | P:D | metric | published | simulated | error | held-out | "
-                  "held-out error |",
-                  "|---|---|---|---|---:|---|---|---:|---:|---:|---:|---:|"]
-        for r in group_rows:
-            published = _fmt(r["published"]) + (f" ±{_fmt(r['tolerance'])} (fig.)" if r["tolerance"] else "")
-            err = "does not fit" if not r["fits"] else f"{r['rel_error']:+.1%}"
-            held = f"excluded: {r['excluded']}" if r["excluded"] else (
-                "n/a" if r["held_out_error"] is None else f"{r['held_out_error']:+.1%}")
-            lines.append(f"| {r['id']} | {r['engine']} | {r['gpu']} x{r['num_gpus']} | {r['model']} | {r['tp']} | "
-                         f"{r['disaggregation'] or '-'} | {r['metric']} ({r['unit']}) | {published} | "
-                         f"{_fmt(r['simulated'])} | {err} | {_fmt(r['held_out'])} | {held} |")
-    lines += ["", "## Worst points (held-out)", ""]
-    by_id = {r["id"]: r for r in rows}
-    lines += [f"- {i}: published {_fmt(by_id[i]['published'])}, held-out {_fmt(by_id[i]['held_out'])} "
-              f"({by_id[i]['held_out_error']:+.1%}), in-sample {_fmt(by_id[i]['simulated'])}" for i in summary["worst"]]
-    return "\n".join(lines) + "\n"
-
-
-def render_readme_table(rows: list[dict]) -> str:
-    """The README's compact table: one row per point, grouped as in reference.md."""
-    lines = ["| group | point | GPU x n, TP | metric | published | simulated | held-out error |",
-             "|---|---|---|---|---:|---:|---:|"]
-    for g in GROUPS:
-        for r in (r for r in rows if r["group"] == g):
-            held = f"excluded: {r['excluded']}" if r["excluded"] else (
-                "n/a" if r["held_out_error"] is None else f"{r['held_out_error']:+.1%}")
-            lines.append(f"| {g} | {r['id']} | {r['gpu']} x{r['num_gpus']}, TP {r['tp']} | {r['metric']} | "
-                         f"{_fmt(r['published'])} | {_fmt(r['simulated'])} | {held} |")
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-prompts", type=int, default=None, help="override every point's request count")
-    parser.add_argument("--out", type=Path, default=OUT_DIR)
-    parser.add_argument("--calibration", default=DEFAULT_CALIBRATION)
-    args = parser.parse_args(argv)
-    profile = load_calibration(args.calibration)
-    fitted = {p["id"]: p for p in profile.fit.get("points", [])}
+def table(points: list[dict], regime: str) -> list[dict]:
+    key = REGIMES[regime]
     rows = []
-    for point in load_reference_points():
-        start = time.perf_counter()
-        rows.append(run_point(point, args.num_prompts, args.calibration, fitted.get(point.id, {})))
-        print(f"{point.id}: published {point.metric.value} simulated {_fmt(rows[-1]['simulated'])} "
-              f"({time.perf_counter() - start:.1f} s)", flush=True)
-    summary = summarize(rows)
+    for value in sorted({key(p) for p in points}):
+        mine = [p for p in points if key(p) == value]
+        held = [abs(p["held_out_error"]) for p in mine if p["held_out_error"] is not None]
+        fitted = [abs(p["fitted_error"]) for p in mine if p["fitted_error"] is not None]
+        rows.append({"value": value, "count": len(mine), "held_out_mean_abs_error": _mean(held),
+                     "held_out_max_abs_error": max(held, default=None), "fitted_mean_abs_error": _mean(fitted)})
+    return rows
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def render(name: str, summary: dict, tables: dict[str, list[dict]], worst: list[dict]) -> str:
+    lines = [f"# Held-out error by regime (calibration `{name}`)", "",
+             f"`PYTHONPATH=src python benchmarks/reference_table.py --calibration {name}`", "",
+             f"Leave-one-source-out: each point predicted by a fit, from the priors, to the other sources' points. "
+             f"**Mean |error| {_pct(summary['held_out_mean_abs_error'])}** over {summary['num_points']} points of "
+             f"{summary['num_sources']} sources, largest {_pct(summary['held_out_max_abs_error'])}; in-sample "
+             f"{_pct(summary['fitted_mean_abs_error'])}.", ""]
+    for regime, rows in tables.items():
+        lines += [f"## By {regime}", "", f"| {regime} | points | held-out mean | held-out max | in-sample mean |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['value']} | {r['count']} | {_pct(r['held_out_mean_abs_error'])} | "
+                  f"{_pct(r['held_out_max_abs_error'])} | {_pct(r['fitted_mean_abs_error'])} |" for r in rows]
+        lines.append("")
+    lines += ["## Worst points (held out)", "", "| point | metric | measured | held-out | error |", "|---|---|---|---|---|"]
+    lines += [f"| {p['id']} | {p['metric']} | {p['measured']:,.2f} | {p['held_out']:,.2f} | {p['held_out_error']:+.1%} |"
+              for p in worst]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calibration", default=DEFAULT_CALIBRATION)
+    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    args = parser.parse_args()
+    profile = load_calibration(args.calibration)
+    points, summary = profile.fit["points"], profile.fit["summary"]
+    tables = {regime: table(points, regime) for regime in REGIMES}
+    held = [p for p in points if p["held_out_error"] is not None]
+    worst = sorted(held, key=lambda p: -abs(p["held_out_error"]))[:10]
     args.out.mkdir(parents=True, exist_ok=True)
-    folds = profile.fit.get("summary", {}).get("folds", 0)
-    payload = {"calibration": args.calibration, "constants": profile.values, "summary": summary, "points": rows}
-    (args.out / "reference.json").write_text(json.dumps(payload, indent=1) + "\n")
-    (args.out / "reference.md").write_text(render_markdown(rows, summary, args.num_prompts, args.calibration, folds))
-    (args.out / "readme_table.md").write_text(render_readme_table(rows))
-    print(f"held-out mean |rel error| {summary['held_out_mean_abs_error']:.1%}, in-sample "
-          f"{summary['mean_abs_rel_error']:.1%} over {summary['simulated']} points")
-    return 0
+    (args.out / "reference.json").write_text(json.dumps({"summary": summary, "tables": tables}, indent=1) + "\n")
+    (args.out / "reference.md").write_text(render(args.calibration, summary, tables, worst))
+    print(render(args.calibration, summary, tables, worst))
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

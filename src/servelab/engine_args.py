@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
-from servelab.config import (KV_CACHE_DTYPES, QUANTIZATION_METHODS, SCHEDULE_POLICIES, CacheConfig, KVTransferConfig, ParallelConfig,
+from servelab.config import (KV_CACHE_DTYPES, QUANTIZATION_CHOICES, SCHEDULE_POLICIES, CacheConfig, KVTransferConfig, ParallelConfig,
                              SchedulerConfig, SpeculativeConfig)
 
 
@@ -27,7 +27,8 @@ class EngineArgs:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
-    quantization: str | None = None
+    # QUANTIZATION_CHOICES; None is "none" (float weights in dtype). "auto" is resolved when the engine loads.
+    quantization: str | None = "auto"
     # vLLM's --speculative-config: a JSON string (the CLI), a dict (LLM(...)) or a SpeculativeConfig
     speculative_config: str | dict | SpeculativeConfig | None = None
     # `servelab serve` only: engine-core processes behind the API server, or one engine in a thread of it
@@ -63,7 +64,8 @@ class EngineArgs:
                             help="reuse the KV of full blocks that earlier requests computed for the same "
                                  "prefix (continuous schedule; --no-enable-prefix-caching turns it off)")
         parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
-                            help="auto = K and V in the model's dtype; int8 = one byte per value with an fp32 "
+                            help="auto = K and V in the model's dtype (int8 where --quantization auto picks it); "
+                                 "int8 = one byte per value with an fp32 "
                                  "scale per token and KV head: half of bf16's bytes per token (twice the blocks "
                                  "in --kv-cache-memory, half the bytes a decode step's attention reads)")
         parser.add_argument("--num-threads", type=int, default=None,
@@ -82,10 +84,13 @@ class EngineArgs:
         g.add_argument("--master-port", type=int, default=None,
                        help="port of node 0's rendezvous store; required with --nnodes > 1 "
                             "(default: any free port, for one node)")
-        parser.add_argument("--quantization", "-q", default=None, choices=QUANTIZATION_METHODS,
-                            help="gguf = run the .gguf file's own quantized blocks (Q8_0, Q4_0, Q4_1, Q4_K) "
-                                 "without de-quantizing them; int8 = W8A8 dynamic (int8 weights per channel, "
-                                 "activations per token), for batched steps. Default: float weights (--dtype)")
+        parser.add_argument("--quantization", "-q", default="auto", choices=QUANTIZATION_CHOICES,
+                            help="auto (default) = the fastest mode measured within the perplexity gate for this "
+                                 "model and machine (the default model: int8 with an int8 KV cache; a Hugging Face "
+                                 "folder, an explicit --dtype or -tp > 1: float weights); none = float weights "
+                                 "(--dtype); gguf = run the .gguf file's own quantized blocks (Q8_0, Q4_0, Q4_1, "
+                                 "Q4_K) without de-quantizing them; int8 = W8A8 dynamic (int8 weights per channel, "
+                                 "activations per token), SmoothQuant-calibrated once and cached")
 
         parser.add_argument("--speculative-config", default=None, metavar="JSON",
                             help='speculative decoding, as vLLM\'s: {"method": "ngram", "num_speculative_tokens": K, '
@@ -127,7 +132,7 @@ class EngineArgs:
                            cache_dtype=self.kv_cache_dtype)
 
     def parallel_config(self) -> ParallelConfig:
-        if self.quantization is not None and self.tensor_parallel_size != 1:
+        if self.quantization not in (None, "none", "auto") and self.tensor_parallel_size != 1:
             raise ValueError("--quantization runs on one rank only; use --tensor-parallel-size 1")
         return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes,
                               node_rank=self.node_rank, master_addr=self.master_addr, master_port=self.master_port)

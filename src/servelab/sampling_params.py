@@ -4,6 +4,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 _GREEDY_EPS = 1e-5
+# The kinds of grammar a request can constrain its output with (vLLM's structured_outputs fields).
+STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """A grammar the output must match (vLLM's StructuredOutputsParams, one field set): kind is "json" (spec is
+    a JSON schema's text), "regex", "choice" (a JSON list of strings) or "grammar" (Lark or GBNF/EBNF text).
+    (kind, spec) is the key grammars are compiled and cached by."""
+    kind: str
+    spec: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_OUTPUT_KINDS:
+            raise ValueError(f"structured output kind must be one of {STRUCTURED_OUTPUT_KINDS}, got {self.kind!r}")
 
 
 @dataclass
@@ -23,6 +38,9 @@ class SamplingParams:
     max_tokens: int | None = 16  # None = up to the model's context length
     logprobs: int | None = None  # number of top logprobs to return besides the chosen token
     skip_special_tokens: bool = True
+    # token id -> value added to its logit before sampling (OpenAI's logit_bias, in [-100, 100])
+    logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -46,6 +64,8 @@ class SamplingParams:
             (self.max_tokens is None or self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, f"logprobs must be in [0, 20], got {self.logprobs}"),
             (all(s for s in self.stop), "stop strings must not be empty"),
+            (all(-100 <= v <= 100 for v in (self.logit_bias or {}).values()),
+             "logit_bias values must be in [-100, 100]"),
         ]
         for ok, message in checks:
             if not ok:
@@ -58,6 +78,11 @@ class SamplingParams:
     @property
     def needs_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1.0
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Something besides the model decides which tokens may come next (a grammar or a logit bias)."""
+        return self.structured_outputs is not None or bool(self.logit_bias)
 
     def for_child(self, index: int) -> "SamplingParams":
         """Params of the index-th of n samples: one sequence each, distinct seeds when seeded."""

@@ -7,7 +7,30 @@ from dataclasses import dataclass
 from typing import Any
 
 GIB = 1 << 30
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
+# fp8 and fp4 are checkpoints whose decoder GEMMs run in that precision (vLLM's fp8 W8A8; NVFP4, 4-bit values
+# with an fp8 scale per 16, so 4.5 bits). Their activations, embeddings and LM head stay bfloat16, and so
+# does their KV cache unless the KV cache is quantized on its own (--kv-cache-dtype fp8).
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp4": 4.5 / 8}
+LOW_PRECISION = ("fp8", "fp4")
+KV_CACHE_DTYPES = ("auto", "fp8")
+
+
+def activation_dtype(dtype: str) -> str:
+    """The dtype between the GEMMs: bfloat16 for a low-precision checkpoint, else the dtype."""
+    return "bfloat16" if dtype in LOW_PRECISION else dtype
+
+
+def precision(dtype: str, quantization: str | None = None) -> str:
+    """The GEMMs' precision class an answer's error band is looked up by: bf16 (any 16/32-bit dtype), fp8,
+    fp4, or the weight-only quantization's name."""
+    if quantization:
+        return quantization
+    return dtype if dtype in LOW_PRECISION else "bf16"
+
+
+def kv_dtype(dtype: str, kv_cache_dtype: str = "auto") -> str:
+    """The KV cache's dtype: vLLM's --kv-cache-dtype auto keeps the activations' dtype."""
+    return "fp8" if kv_cache_dtype == "fp8" else activation_dtype(dtype)
 # Weight-only quantized checkpoints (vLLM --quantization): bytes per decoder matmul weight, with the group
 # scales and zero points. GPTQ int4, group size 128: 4 bits, plus an fp16 scale and a 4-bit zero per 128.
 # Embeddings, LM head, norms, activations and the KV cache keep the dtype.
@@ -29,6 +52,19 @@ class DeviceSpec:
     # Streaming multiprocessors (NVIDIA) or compute units (AMD): how many GEMM tiles run at once, so how many
     # rows a step needs to fill the chip. None: a measured CPU profile (its curves are measured as they are).
     compute_units: int | None = None
+    # Architecture family (hopper, blackwell, ampere, ada, cdna3): a GPU without fitted constants of its own
+    # takes its family's. Dense tensor FLOP/s at fp8 and fp4 where the chip has such units (None: it has
+    # not, and a checkpoint in that precision dequantizes to bf16 in its GEMMs).
+    family: str = ""
+    fp8_flops: float | None = None
+    fp4_flops: float | None = None
+    # The share of memory_bandwidth a STREAM-like copy measures: no kernel streams faster.
+    memory_ceiling: float = 1.0
+
+    def gemm_flops(self, dtype: str) -> float:
+        """Peak dense FLOP/s of a GEMM whose operands are in dtype."""
+        rate = {"fp8": self.fp8_flops, "fp4": self.fp4_flops}.get(dtype)
+        return rate or self.flops
 
     @property
     def interconnect_bandwidth_per_direction(self) -> float:
@@ -170,10 +206,14 @@ class ModelSpec:
         return self._params(self.num_experts_per_tok)
 
     def weight_bytes(self, dtype: str, quantization: str | None = None) -> int:
-        if quantization is None:
+        """Decoder matmul weights quantized (or in a low-precision dtype); embeddings, LM head and norms in
+        the activations' dtype."""
+        if quantization is None and dtype not in LOW_PRECISION:
             return self.num_params * DTYPE_BYTES[dtype]
+        per_weight = QUANTIZATION_BYTES[quantization] if quantization else DTYPE_BYTES[dtype]
         quantized = self.num_hidden_layers * (self.attention_params_per_layer + self.num_experts * self.expert_params)
-        return int(quantized * QUANTIZATION_BYTES[quantization] + (self.num_params - quantized) * DTYPE_BYTES[dtype])
+        rest = DTYPE_BYTES[activation_dtype(dtype)]
+        return int(quantized * per_weight + (self.num_params - quantized) * rest)
 
     # ---- KV cache, per token and per tensor-parallel rank
     def num_kv_heads_per_rank(self, tensor_parallel_size: int = 1) -> int:

@@ -19,6 +19,7 @@ import numpy as np
 from servelab import sharegpt_llama3
 from servelab.errors import FieldError, check_fields
 from servelab.rate_schedule import parse_rate_schedule
+from servelab.trace_formats import TRACE_FORMATS, TraceError, read_trace
 
 DATASETS = ("random", "sharegpt-like", "sharegpt-llama3", "prefix-shared")
 # Where the gaps between arrivals come from. servelab: a stream of their own spawned from the seed (lengths and
@@ -65,6 +66,14 @@ class WorkloadConfig:
     # sharegpt-llama3 only: the run's outputs ended at the model's EOS (a client without --ignore-eos) and
     # averaged this many tokens; None: each output is the dataset's length (sharegpt_llama3.eos_cut)
     eos_mean_output: float | None = None
+    # A public trace replayed instead of the dataset (trace_formats.py): its arrivals and lengths (and for
+    # mooncake, its shared prompt blocks). time_scale multiplies every arrival time (0.5: twice as fast);
+    # max_requests keeps the first N, sample draws N of them with the seed (in arrival order).
+    trace: str | None = None
+    trace_format: str | None = None
+    time_scale: float = 1.0
+    max_requests: int | None = None
+    sample: int | None = None
 
     def __post_init__(self) -> None:
         check_fields([
@@ -101,6 +110,20 @@ class WorkloadConfig:
              f"{{eos_mean_output}} must be >= 1, got {self.eos_mean_output}", ("eos_mean_output",)),
             (self.num_prefixes is None or self.num_prefixes >= 1,
              f"{{num_prefixes}} must be >= 1, got {self.num_prefixes}", ("num_prefixes",)),
+            ((self.trace is None) == (self.trace_format is None), "{trace} and {trace_format} go together",
+             ("trace", "trace_format")),
+            (self.trace_format is None or self.trace_format in TRACE_FORMATS,
+             f"{{trace_format}} must be one of {', '.join(TRACE_FORMATS)}, got {self.trace_format!r}",
+             ("trace_format",)),
+            (self.trace is not None or (self.time_scale == 1.0 and self.max_requests is None and self.sample is None),
+             "{time_scale}, {max_requests} and {sample} shape a {trace}", ("time_scale", "max_requests", "sample",
+                                                                          "trace")),
+            (self.time_scale > 0, f"{{time_scale}} must be > 0, got {self.time_scale}", ("time_scale",)),
+            (self.max_requests is None or self.max_requests >= 1,
+             f"{{max_requests}} must be >= 1, got {self.max_requests}", ("max_requests",)),
+            (self.sample is None or self.sample >= 1, f"{{sample}} must be >= 1, got {self.sample}", ("sample",)),
+            (self.trace is None or self.rate_schedule is None, "a {trace} has its own arrivals; drop {rate_schedule}",
+             ("trace", "rate_schedule")),
         ])
 
     @property
@@ -124,11 +147,39 @@ class SampledRequest:
     # prefix-shared: which of the workload's prefixes the prompt starts with, and its length
     prefix_group: int | None = None
     prefix_len: int = 0
+    # A mooncake trace's prompt: one id per 512 tokens (trace_formats.MOONCAKE_BLOCK_TOKENS), equal ids equal blocks (() otherwise)
+    block_hash_ids: tuple[int, ...] = ()
+
+
+def trace_workload(config: WorkloadConfig) -> list[SampledRequest]:
+    try:
+        records = read_trace(config.trace, config.trace_format)  # type: ignore[arg-type]  # checked: both set
+    except TraceError as err:
+        raise FieldError(f"{{trace}}: {err}", "trace") from None
+    if config.sample is not None and config.sample < len(records):
+        keep = np.random.default_rng(config.seed).choice(len(records), size=config.sample, replace=False)
+        records = [records[i] for i in sorted(keep.tolist())]
+    if config.max_requests is not None:
+        records = records[:config.max_requests]
+    start = records[0].arrival_time
+    return [SampledRequest((r.arrival_time - start) * config.time_scale, r.prompt_len, r.output_len,
+                           block_hash_ids=r.block_hash_ids) for r in records]
+
+
+def block_hash_prompt(block_hash_ids: tuple[int, ...], prompt_len: int, block_tokens) -> list[int]:
+    """A prompt whose i-th 512-token block is block_tokens(block_hash_ids[i]), cut to
+    prompt_len: requests sharing leading hash ids share those blocks' token ids exactly."""
+    ids: list[int] = []
+    for h in block_hash_ids:
+        ids.extend(block_tokens(h))
+    return ids[:prompt_len]
 
 
 def generate_workload(config: WorkloadConfig) -> list[SampledRequest]:
     """The workload's requests in arrival order. Lengths and arrivals come from independent streams
     of one seed, so changing the rate keeps every request's lengths."""
+    if config.trace is not None:
+        return trace_workload(config)
     length_seed, arrival_seed = np.random.SeedSequence(config.seed).spawn(2)
     if config.rate_schedule is not None:
         arrivals = parse_rate_schedule(config.rate_schedule).arrival_times(config.burstiness,
@@ -199,6 +250,11 @@ def sample_arrival_times(num_requests: int, request_rate: float, burstiness: flo
 
 
 def describe(config: WorkloadConfig) -> str:
+    if config.trace is not None:
+        shaped = [f"time x{config.time_scale:g}"] if config.time_scale != 1 else []
+        shaped += [f"{config.sample} sampled"] if config.sample else []
+        shaped += [f"first {config.max_requests}"] if config.max_requests else []
+        return f"{config.trace_format} trace {config.trace}" + (f" ({', '.join(shaped)})" if shaped else "")
     rate = "inf" if math.isinf(config.request_rate) else f"{config.request_rate:g}"
     if config.dataset == "random":
         lengths = f"input {config.input_len or DEFAULT_INPUT_LEN} / output {config.output_len or DEFAULT_OUTPUT_LEN}"

@@ -143,8 +143,9 @@ def test_flags_parse():
         parse_only("servelab,vllm")
     assert result_name("smoke") == "peers-smoke" and result_name("peers-x") == "peers-x"
     assert parse_quantization("none, int8,gguf") == [(None, "auto"), ("int8", "auto"), ("gguf", "auto")]
+    assert parse_quantization("default") == [("auto", "auto")]
     assert parse_quantization("int8+kv-int8,none+kv-int8") == [("int8", "int8"), (None, "int8")]
-    with pytest.raises(ValueError, match="--quantization takes .* from none, gguf, int8, each .* got .awq."):
+    with pytest.raises(ValueError, match="--quantization takes .* from default, none, gguf, int8, each .* got .awq."):
         parse_quantization("awq")
     with pytest.raises(ValueError, match=r"got .int8\+kv-fp8."):
         parse_quantization("int8+kv-fp8")

@@ -18,7 +18,7 @@ from stub_engine import VOCAB, make_engine  # noqa: E402
 
 from servelab.engine.core_client import InprocClient  # noqa: E402
 from servelab.entrypoints.serve import _configure_logging, add_serve_parser, server_config  # noqa: E402
-from servelab.gateway.server import serve  # noqa: E402
+from servelab.entrypoints.api_server import serve  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -176,3 +176,33 @@ def test_wrong_content_type(server):
                  code="unsupported_media_type")
     for content_type in ("application/json; charset=utf-8", "APPLICATION/JSON"):
         assert post(server, None, raw=body, headers={"Content-Type": content_type}).status_code == 200
+
+
+def _nested_schema(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.mark.parametrize("schema", [
+    _nested_schema(450),  # 900 levels, under the JSON decoder's own depth limit: the schema's limit answers
+    {"enum": [f"value-{i}" for i in range(100_000)]},
+    {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}},
+    {"type": "string", "pattern": "(["},
+], ids=["nested_900_levels", "enum_100k", "recursive_ref", "invalid_regex"])
+def test_hostile_schemas_are_400s(server, schema):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}
+    error_of(post(server, body, path="/v1/chat/completions"), 400, param="response_format")
+    deep = b'{"prompt": "hi", "guided_json": ' + b'{"a":' * 5000 + b"1" + b"}" * 5000 + b"}"
+    error_of(post(server, None, raw=deep), 400)
+    assert_still_serving(server)
+
+
+def test_integers_past_64_bits_are_400s(server):
+    for field, value in (("seed", 2 ** 64), ("seed", -(2 ** 63) - 1), ("max_tokens", 2 ** 80), ("n", 10 ** 30),
+                         ("stop_token_ids", [2 ** 65])):
+        error_of(post(server, {"prompt": "hi", field: value}), 400, param=field)
+    assert post(server, {"prompt": "hi", "max_tokens": 3, "seed": 2 ** 63 - 1}).status_code == 200
+    assert_still_serving(server)

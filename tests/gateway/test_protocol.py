@@ -64,7 +64,8 @@ def test_unsupported_and_inconsistent_fields():
     assert error_of(CompletionRequest, {"prompt": "x", "stream_options": {"include_usage": True}}).param == \
         "stream_options"
     assert error_of(CompletionRequest, {"prompt": "x", "best_of": 3}).param == "best_of"
-    assert error_of(CompletionRequest, {"prompt": "x", "logit_bias": {"5": 1.0}}).param == "logit_bias"
+    assert error_of(CompletionRequest, {"prompt": "x", "logit_bias": {"five": 1.0}}).param == "logit_bias"
+    assert error_of(CompletionRequest, {"prompt": "x", "logit_bias": {"5": 101.0}}).param == "logit_bias"
     assert error_of(ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}],
                                             "top_logprobs": 2}).param == "top_logprobs"
     assert error_of(ChatCompletionRequest, {"messages": []}).param == "messages"

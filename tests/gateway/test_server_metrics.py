@@ -54,6 +54,8 @@ def test_server_metrics_names_and_values():
     assert v["servelab:batch_slot_saturation"] == 0.5
     assert v["servelab:kv_cache_reserved_unused_slots"] == 4 and v["servelab:kv_cache_reserved_unused_perc"] == 0.125
     assert v['servelab:weight_bytes{device="cpu"}'] == 1234
+    metrics.set_quantization("int8", "int8", "measured fastest")
+    assert scrape(metrics)['servelab:quantization_info{kv_cache_dtype="int8",mode="int8",reason="measured fastest"}'] == 1
     assert v["servelab:prompt_tokens_total"] == 5 and v["servelab:generation_tokens_total"] == 2
     assert v['servelab:request_success_total{finished_reason="length"}'] == 1
     assert v["servelab:time_to_first_token_seconds_sum"] == 0.5

@@ -24,6 +24,7 @@ REQUIRED_METRICS = [
     "inter_token_latency_seconds_count", "e2e_request_latency_seconds_count",
     "request_queue_time_seconds_count", "iteration_tokens_total_count", "batch_slot_saturation",
     "kv_cache_reserved_unused_slots", "weight_bytes", "prefix_cache_queries_total", "prefix_cache_hits_total",
+    "quantization_info",
 ]
 
 

@@ -10,16 +10,15 @@ import pytest
 from servelab.core.plan import ScheduledRequest, StepPlan
 from servelab.errors import FieldError
 from servelab.executor.cost_model import CostModel
-from servelab.executor.efficiency import GPU_EFFICIENCY
+from servelab.executor.efficiency import ENGINE_PRIORS, ENGINES, GPU_EFFICIENCY
 from servelab.executor.cost_model_executor import CostModelExecutor
 from servelab.lab.api import DeploymentRequest, SimulateRequest, simulate
-from servelab.lab.calibrate.reference_fit import (ENGINE_PRIORS, _jacobian, _Problem, candidate_keys, cross_validate,
-                                                 depends, fit, prior, quantized_only_gpus, simulate_target,
-                                                 start_value, with_gpu_defaults)
-from servelab.lab.calibrate.targets import Target, measurement_targets
+from servelab.lab.calibrate.cross_validation import PriorJacobian, cross_validate, fold_start
+from servelab.lab.calibrate.reference_fit import candidate_keys, depends, fit, prior, simulate_target, start_value
+from servelab.lab.calibrate.targets import Target, measurement_targets, reference_targets
 from servelab.lab.catalog import get_device, get_model, gpu_ids
-from servelab.lab.catalog.calibration import (BOUNDS, CalibrationProfile, calibration_names, link_kind,
-                                              load_calibration)
+from servelab.lab.catalog.calibration import (BOUND_REASONS, BOUNDS, CalibrationProfile, calibration_names,
+                                              link_kind, load_calibration, with_family_defaults)
 from servelab.lab.catalog.reference import DeploymentFields
 from servelab.sampling_params import SamplingParams
 from servelab.workload import WorkloadConfig
@@ -30,7 +29,7 @@ EFFICIENCIES = ("matmul", "attention", "memory", "kv_memory", "interconnect")
 
 def test_shipped_profile_is_the_default_and_its_constants_are_plausible():
     assert "public" in calibration_names() and PUBLIC.name == "public"
-    assert set(PUBLIC.engines()) >= {"vllm", "sglang", "tensorrt-llm"}
+    assert set(PUBLIC.engines()) >= set(ENGINES)
     for key, value in PUBLIC.values.items():
         low, high = BOUNDS[key.rsplit(".", 1)[1]]
         assert low <= value <= high, key
@@ -48,10 +47,22 @@ def test_the_fit_reports_held_out_errors_for_every_point():
     points = PUBLIC.fit["points"]
     assert len(points) >= 30
     for p in points:
-        assert p["excluded"] or p["held_out_error"] is not None, p["id"]
+        assert p["held_out_error"] is not None, p["id"]
     summary = PUBLIC.fit["summary"]
+    assert summary["cross_validation"] == "leave-one-source-out"
+    fitted = [p for p in points if p["in_fit"]]
+    assert summary["num_points"] == len(fitted) and summary["num_sources"] == len({p["source"] for p in fitted})
     assert summary["held_out_mean_abs_error"] == pytest.approx(
-        sum(abs(p["held_out_error"]) for p in points if not p["excluded"]) / summary["num_used"])
+        sum(abs(p["held_out_error"]) for p in fitted) / len(fitted))
+    # the sources the fit leaves out are predicted by it and reported apart
+    others = [p for p in points if not p["in_fit"]]
+    if others:
+        assert summary["other_sources"]["num_points"] == len(others)
+        assert not {p["source"] for p in others} & {p["source"] for p in fitted}
+
+
+def test_every_bound_has_a_written_reason():
+    assert set(BOUND_REASONS) == set(BOUNDS)
 
 
 @pytest.mark.parametrize("key, value", [("constants.matmul", 1.2), ("links.nvlink.allreduce_latency_s", 0.5e-6),
@@ -177,7 +188,7 @@ def test_vllm_bench_result_files_become_targets(tmp_path):
 
 
 def test_the_fit_recovers_constants_it_was_given_and_cross_validates_deterministically():
-    # an engine whose priors are GPU_EFFICIENCY's (vLLM's pull towards V0's figures has its own test)
+    # the fit starts at the priors and finds what the data say
     truth = CalibrationProfile("truth", {"engines.sglang.step_overhead_s": 2e-3,
                                          "engines.sglang.api_ttft_overhead_s": 0.015, "gpus.h100.memory": 0.6})
     fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "sglang", 1, True)
@@ -191,12 +202,36 @@ def test_the_fit_recovers_constants_it_was_given_and_cross_validates_determinist
     # is given the bandwidth and finds the overheads (TPOT gives the step's, TTFT the API server's)
     keys = ["engines.sglang.step_overhead_s", "engines.sglang.api_ttft_overhead_s"]
     fixed = {"gpus.h100.memory": 0.6}
-    result = fit(targets, keys=keys, iterations=10, num_prompts=None, fixed=fixed)
+    start = {"engines.sglang.step_overhead_s": 1e-3}  # nearer than the prior: a few iterations suffice
+    result = fit(targets, start=start, keys=keys, iterations=10, num_prompts=None, fixed=fixed)
     for key in keys:
         assert result.values[key] == pytest.approx(truth.values[key], rel=0.1), key
-    held_out = cross_validate(targets, result, k=3, iterations=2, num_prompts=None, fixed=fixed)
-    assert held_out == cross_validate(targets, result, k=3, iterations=2, num_prompts=None, fixed=fixed)
+    # three sources, one per rate: each is predicted by a fit to the other two, from the priors
+    targets = [replace(t, source=t.id.split("-")[0]) for t in targets]
+    held_out = cross_validate(targets, start=start, keys=keys, iterations=6, num_prompts=None, fixed=fixed)
+    assert held_out == cross_validate(targets, start=start, keys=keys, iterations=6, num_prompts=None, fixed=fixed)
     assert all(abs(h / t.value - 1) < 0.1 for h, t in zip(held_out, targets))
+
+
+def test_a_folds_start_and_fit_do_not_depend_on_its_held_out_points():
+    fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "sglang", 1, True)
+    targets = []
+    for n, (rate, out) in enumerate(((1.0, 40), (2.0, 80), (4.0, 20))):
+        workload = WorkloadConfig(num_prompts=12, input_len=300, output_len=out, request_rate=rate)
+        targets.append(Target(f"p{n}", "t", fields, workload, "median_tpot_ms", 5.0 + n, source=f"s{n}"))
+    keys = ["engines.sglang.step_overhead_s", "gpus.h100.memory"]
+    # the start is the priors, whatever the points say
+    assert fold_start(keys, {}) == {k: prior(k) for k in keys}
+    jac = PriorJacobian(targets, keys, {}, {}, None)
+    # each Jacobian row is its own point's: changing a point's measured value moves no other row
+    moved = [replace(targets[0], value=50.0), *targets[1:]]
+    other = PriorJacobian(moved, keys, {}, {}, None)
+    assert np.array_equal(jac.matrix[1:], other.matrix[1:])
+    # so the prediction of the held-out source s0 is the same whatever s0 measured
+    before = cross_validate(targets, keys=keys, iterations=3, num_prompts=None)
+    after = cross_validate(moved, keys=keys, iterations=3, num_prompts=None)
+    assert before[0] == after[0]
+    assert before[1:] != after[1:]  # while s0 trains the folds that hold out the others
 
 
 def test_each_gpu_fits_its_own_gemm_fill_each_engine_its_launches_and_both_start_from_a_global_value():
@@ -209,73 +244,61 @@ def test_each_gpu_fits_its_own_gemm_fill_each_engine_its_launches_and_both_start
     assert "constants.matmul_half_tokens" not in keys
     assert "engines.vllm.layer_launch_overhead_s" in keys  # eager launches are the stack's, not the GPU's
     assert depends("gpus.h100.matmul_half_tokens", h100) and not depends("gpus.h100.matmul_half_tokens", a10)
-    # a profile fitted when the constant was global starts every GPU's from it; none: the prior
     assert start_value({"constants.matmul_half_tokens": 203.0}, "gpus.a10g.matmul_half_tokens") == 203.0
-    assert start_value({"gpus.a10g.matmul_half_tokens": 90.0, "constants.matmul_half_tokens": 203.0},
-                       "gpus.a10g.matmul_half_tokens") == 90.0
     assert start_value({}, "gpus.a10g.matmul_half_tokens") == GPU_EFFICIENCY.matmul_half_tokens
-    # a GPU without data gets the fitted GPUs' geometric mean, stated per 132 SMs and scaled by its own
-    values = with_gpu_defaults({"gpus.h100.matmul_half_tokens": 50.0, "gpus.a10g.matmul_half_tokens": 200.0})
-    assert values["gpus.default.matmul_half_tokens"] == pytest.approx(100.0)
-    l4 = get_device("l4")
-    e = CalibrationProfile("t", values).efficiency(l4, "vllm")
-    assert CostModel(get_model("llama-3.1-8b"), l4, e).matmul_half_tokens == pytest.approx(100.0 * l4.compute_units / 132)
 
 
-def test_gpus_whose_every_point_is_weight_quantized_do_not_stand_for_gpus_without_data():
+def test_gpus_without_points_take_their_familys_constants_not_a_mean_over_unlike_chips():
     fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "vllm", 1, True)
     workload = WorkloadConfig(num_prompts=4, input_len=100, output_len=4)
     h100 = Target("h", "t", fields, workload, "median_tpot_ms", 1.0)
     a100 = Target("a", "t", replace(fields, gpu="a100-80gb"), workload, "median_tpot_ms", 1.0)
     a10 = Target("q", "t", replace(fields, gpu="a10g", quantization="gptq-int4"), workload, "median_tpot_ms", 1.0)
-    assert quantized_only_gpus([h100, a100, a10]) == {"a10g"}
-    # one dense point is enough for the GPU's constants to be the chip's own
-    assert quantized_only_gpus([h100, a10, replace(a10, deployment=replace(a10.deployment, quantization=None))]) == set()
-    values = {"gpus.h100.memory": 0.5, "gpus.a100-80gb.memory": 0.8, "gpus.a10g.memory": 0.3}
-    assert with_gpu_defaults(values)["gpus.default.memory"] == pytest.approx((0.5 * 0.8 * 0.3) ** (1 / 3))
-    defaults = with_gpu_defaults(values, quantized_only_gpus([h100, a100, a10]))
-    assert defaults["gpus.default.memory"] == pytest.approx(math.sqrt(0.5 * 0.8))
-    assert defaults["gpus.a10g.memory"] == 0.3  # the GPU keeps its own fit
+    mi300x = Target("m", "t", replace(fields, gpu="mi300x"), workload, "median_tpot_ms", 1.0)
+    values = with_family_defaults({"gpus.h100.memory": 0.7, "gpus.a100-80gb.memory": 0.8, "gpus.a10g.memory": 0.5,
+                                   "gpus.mi300x.memory": 0.6}, [h100, a100, a10, mi300x])
+    # the weight-quantized-only A10 does not stand for its family
+    assert values["families.ampere.memory"] == 0.8 and values["families.hopper.memory"] == 0.7
+    profile = CalibrationProfile("t", values)
+    memory = {gpu: profile.efficiency(get_device(gpu)).memory for gpu in gpu_ids()}
+    assert memory["h200"] == memory["h800"] == 0.7  # Hopper
+    assert memory["b200"] == 0.7  # Blackwell: no fitted GPU, so its lineage (Hopper)
+    assert memory["l4"] == memory["l40s"] == 0.8  # Ada from Ampere
+    assert memory["mi325x"] == 0.6  # CDNA3
+    assert memory["a10g"] == 0.5  # a GPU keeps its own fit
 
 
-def test_the_shipped_default_gpu_leaves_out_the_quantized_only_a10():
-    fitted = [PUBLIC.values[f"gpus.{gpu}.memory"] for gpu in ("a100-80gb", "h100", "mi300x")]
-    assert PUBLIC.values["gpus.default.memory"] == pytest.approx(math.prod(fitted) ** (1 / 3))
-
-
-def test_the_fit_hands_cross_validation_the_jacobian_at_its_result():
-    truth = CalibrationProfile("truth", {"engines.vllm.step_overhead_s": 2e-3, "gpus.h100.memory": 0.6})
-    fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "vllm", 1, True)
-    targets = []
-    for rate, out in ((1.0, 40), (4.0, 20)):
-        workload = WorkloadConfig(num_prompts=12, input_len=300, output_len=out, request_rate=rate)
-        probe = Target(f"{rate}", "t", fields, workload, "median_tpot_ms", 1.0)
-        targets.append(replace(probe, value=simulate_target(probe, truth)))
-    keys = ["engines.vllm.step_overhead_s", "gpus.h100.memory"]
-    start = {"engines.vllm.step_overhead_s": 1e-3, "gpus.h100.memory": 0.9}
-    result = fit(targets, start=start, keys=keys, iterations=3, num_prompts=None)
-    # Broyden's secant updates steered the steps; the Jacobian returned is differenced at the result
-    problem = _Problem(targets, keys, {}, result.caps)
-    x = np.log([result.values[k] for k in keys])
-    assert result.jacobian == pytest.approx(_jacobian(problem, x, problem.residuals(x), 0.05))
+def test_every_engine_key_prices_with_its_priors_until_fitted():
+    device = get_device("h100")
+    empty = CalibrationProfile("t", {})
+    for engine in ENGINES:
+        e = empty.efficiency(device, engine)
+        assert e.step_overhead_s == ENGINE_PRIORS[engine]["step_overhead_s"], engine
+    # vLLM V1 (the default) spends far less CPU per step than V0
+    assert ENGINE_PRIORS["vllm"]["step_overhead_s"] * 5 < ENGINE_PRIORS["vllm-v0"]["step_overhead_s"]
+    fitted = CalibrationProfile("t", {"engines.vllm-v0.step_overhead_s": 6e-3})
+    assert fitted.efficiency(device, "vllm-v0").step_overhead_s == 6e-3
+    assert fitted.efficiency(device, "vllm").step_overhead_s == ENGINE_PRIORS["vllm"]["step_overhead_s"]
+    # the published vLLM points ran 0.6.x: V0
+    assert {t.engine for t in reference_targets() if "vllm" in t.engine} == {"vllm-v0"}
 
 
 def test_vllm_overheads_are_pulled_towards_v0s_published_figures_where_the_data_cannot_split_them():
     # every vLLM reference point ran V0 (0.6.x): its priors are V0's CPU work between steps, other engines'
-    # stay GPU_EFFICIENCY's (V1-era)
-    assert prior("engines.vllm.request_overhead_s") == ENGINE_PRIORS["vllm"]["request_overhead_s"] == 80e-6
-    assert prior("engines.vllm.step_overhead_s") == 4e-3
-    assert prior("engines.sglang.request_overhead_s") == GPU_EFFICIENCY.request_overhead_s
+    # fields without a published engine figure stay GPU_EFFICIENCY's
+    assert prior("engines.vllm-v0.request_overhead_s") == ENGINE_PRIORS["vllm-v0"]["request_overhead_s"] == 80e-6
+    assert prior("engines.vllm-v0.step_overhead_s") == 4e-3
+    assert prior("engines.tensorrt-llm.layer_launch_overhead_s") == GPU_EFFICIENCY.layer_launch_overhead_s
     # one request at a time: a step's fixed and per-request costs add alike, so the data fix only their sum
     # and the prior splits it; started at the V1-era split, the fit moves to V0's
-    truth = CalibrationProfile("truth", {"engines.vllm.step_overhead_s": 4e-3,
-                                         "engines.vllm.request_overhead_s": 80e-6, "gpus.h100.memory": 0.6})
-    fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "vllm", 1, True)
+    truth = CalibrationProfile("truth", {"engines.vllm-v0.step_overhead_s": 4e-3,
+                                         "engines.vllm-v0.request_overhead_s": 80e-6, "gpus.h100.memory": 0.6})
+    fields = DeploymentFields("llama-3.1-8b", "h100", "bfloat16", 1, 1, None, None, None, "vllm-v0", 1, True)
     workload = WorkloadConfig(num_prompts=6, input_len=100, output_len=30, request_rate=0.5)
     probe = Target("serial", "t", fields, workload, "median_tpot_ms", 1.0)
     target = replace(probe, value=simulate_target(probe, truth))
-    keys = ["engines.vllm.step_overhead_s", "engines.vllm.request_overhead_s"]
-    start = {"engines.vllm.step_overhead_s": 4e-3 + 80e-6 - 3e-6, "engines.vllm.request_overhead_s": 3e-6}
+    keys = ["engines.vllm-v0.step_overhead_s", "engines.vllm-v0.request_overhead_s"]
+    start = {"engines.vllm-v0.step_overhead_s": 4e-3 + 80e-6 - 3e-6, "engines.vllm-v0.request_overhead_s": 3e-6}
     result = fit([target], start=start, keys=keys, iterations=6, num_prompts=None, fixed={"gpus.h100.memory": 0.6})
-    assert result.values["engines.vllm.request_overhead_s"] == pytest.approx(80e-6, rel=0.3)
-    assert result.values["engines.vllm.step_overhead_s"] == pytest.approx(4e-3, rel=0.05)
+    assert result.values["engines.vllm-v0.request_overhead_s"] == pytest.approx(80e-6, rel=0.3)
+    assert result.values["engines.vllm-v0.step_overhead_s"] == pytest.approx(4e-3, rel=0.05)

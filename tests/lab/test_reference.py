@@ -1,6 +1,5 @@
 """The published reference points load, validate, cover what calibration needs, and each one runs in the lab."""
 import copy
-import json
 import math
 from dataclasses import replace
 
@@ -10,21 +9,20 @@ import pytest
 from servelab.lab.api import DeploymentRequest, SimulateRequest, simulate
 from servelab.lab.catalog import get_model
 from servelab.lab.catalog.reference import (
-    REFERENCE_FILE, ReferenceDataError, load_reference_points, parse_point, to_simulation)
+    FIT_SOURCES, REFERENCE_DIR, ReferenceDataError, load_reference_points, parse_point, read_points_file,
+    to_simulation)
 from servelab.workload import WorkloadConfig, generate_workload
 
 POINTS = load_reference_points()
 
 
 def _raw_entries() -> list[dict]:
-    return json.loads(REFERENCE_FILE.read_text())["points"]
+    return [e for source in FIT_SOURCES for e in read_points_file(REFERENCE_DIR / f"{source}.json")]
 
 
-def test_file_has_a_comment_header_and_unique_ids():
-    doc = json.loads(REFERENCE_FILE.read_text())
-    assert "_comment" in doc
+def test_fitted_sources_have_unique_ids():
     ids = [p.id for p in POINTS]
-    assert len(ids) == len(set(ids)) == len(doc["points"])
+    assert len(ids) == len(set(ids)) == len(_raw_entries())
 
 
 def test_coverage():

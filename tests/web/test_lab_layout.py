@@ -36,6 +36,8 @@ def test_layout_json_names_every_process(tp2_server):
     assert [r["rank"] for r in engine["ranks"]] == [0, 1]
     assert [r["pid"] for r in engine["ranks"]] == logged_rank_pids(tp2_server)
     assert all(r["pid"] in children(engine["pid"]) for r in engine["ranks"])
+    assert (engine["quantization"], engine["kv_cache_dtype"]) == ("none", "auto")  # --dtype float32 asked for
+    assert "--dtype float32" in engine["quantization_reason"]
 
 
 def test_page_draws_one_box_per_rank(tp2_server, open_lab):
@@ -49,6 +51,8 @@ def test_page_draws_one_box_per_rank(tp2_server, open_lab):
         logged_rank_pids(tp2_server)
     assert "TP rank 1" in ranks.nth(1).inner_text()
     assert "prefill + decode" in page.locator("#live-layout .layout-engine").inner_text()
+    assert page.get_attribute("#live-layout .layout-quantization", "data-mode") == "none"
+    assert "weights none, KV cache auto" in page.locator("#live-layout .layout-quantization").inner_text()
 
 
 def test_lab_web_has_no_layout(lab_web):

@@ -53,6 +53,17 @@ def test_default_page_shows_the_api_numbers_and_the_advice(open_lab, lab_web, tm
     assert box_state(page, "kv") == "active" and page.text_content("#title-kv") == "Paged KV cache"
     assert page.get_attribute("#meter-transfer", "hidden") is not None
     assert page.inner_text("#cli-command").startswith("servelab lab simulate --model llama-3.1-70b --gpu b200")
+    # each headline figure with its error band, and the engine whose overheads priced it
+    assert page.inner_text("#bands-title") == f"Expected error · engine {result['engine']}" == "Expected error · engine vllm"
+    c = result["error_bands"]["calibration"]
+    assert c["cross_validation"] == "leave-one-source-out"
+    lead = page.inner_text("#bands-lead")
+    assert "mean error on published points from sources it never saw" in lead and f"{c['num_points']} points" in lead
+    for key, band in result["error_bands"]["metrics"].items():
+        if key in ("median_ttft_ms", "median_tpot_ms", "output_throughput"):
+            line = page.inner_text(f"#bands-list li[data-metric='{key}']")
+            assert (f"{band['num_points']} points" in line if band["band"] is not None
+                    else "no reference points" in line), (key, line)
 
     page.wait_for_function("document.getElementById('advice').dataset.status === 'ready'", timeout=TIMEOUT_MS)
     decisions = page.locator("#decisions li .decision").all_inner_texts()

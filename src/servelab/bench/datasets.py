@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from servelab.workload import DEFAULT_OUTPUT_LEN, WorkloadConfig, generate_workload
+from servelab.trace_formats import MOONCAKE_BLOCK_TOKENS
+from servelab.workload import DEFAULT_OUTPUT_LEN, WorkloadConfig, block_hash_prompt, generate_workload
 from servelab.model.tokenizer import Tokenizer
 
 BENCH_DATASETS = ("random", "sharegpt-like", "prefix-shared", "jsonl")
@@ -59,9 +60,18 @@ def build_requests(config: WorkloadConfig, tokenizer: Tokenizer, prompt_format: 
     rng = np.random.default_rng(np.random.SeedSequence(config.seed).spawn(3)[2])
     vocab = ordinary_token_ids(tokenizer)
     prefixes = {}  # prefix group -> its token ids, drawn when first needed
+    blocks: dict[int, list[int]] = {}  # a trace's block hash id -> its tokens, drawn when first needed
+
+    def block_tokens(h: int) -> list[int]:
+        if h not in blocks:
+            blocks[h] = rng.integers(vocab.start, vocab.stop, size=MOONCAKE_BLOCK_TOKENS).tolist()
+        return blocks[h]
+
     requests = []
     for sampled in workload:
-        if sampled.prefix_group is None:
+        if sampled.block_hash_ids:
+            ids = block_hash_prompt(sampled.block_hash_ids, sampled.prompt_len, block_tokens)
+        elif sampled.prefix_group is None:
             ids = rng.integers(vocab.start, vocab.stop, size=sampled.prompt_len).tolist()
         else:
             prefix = prefixes.get(sampled.prefix_group)

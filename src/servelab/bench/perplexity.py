@@ -70,17 +70,22 @@ def servelab_perplexity(model: str | None, precision: str, text: str, ctx: int, 
                                                    kv_cache_dtype=kv_cache_dtype,
                                                    num_threads=num_threads, max_model_len=ctx,
                                                    num_kv_blocks=-(-ctx // 16)))
+    return {"precision": precision, "dtype": dtype, "quantization": quantization, "kv_cache_dtype": kv_cache_dtype,
+            **engine_perplexity(engine, text, step_tokens)}
+
+
+def engine_perplexity(engine, text: str, step_tokens: int | None = None, ctx: int | None = None) -> dict:
+    """Perplexity of an idle engine on text, in chunks of ctx tokens (default: its max_model_len)."""
+    ctx = ctx or engine.max_model_len
     # The tokenizer adds BOS where the model asks for it, as llama-perplexity's tokenization does.
     token_ids = engine.tokenizer.encode(text)
     total, count = 0.0, 0
-    parts = chunks(token_ids, engine.max_model_len)
+    parts = chunks(token_ids, ctx)
     for part in parts:
         nll, n = chunk_nll(engine.executor.prompt_logits(part, step_tokens), part)
         total, count = total + nll, count + n
-    return {"precision": precision, "dtype": dtype, "quantization": quantization, "kv_cache_dtype": kv_cache_dtype,
-            "perplexity": math.exp(total / count),
-            "num_scored_tokens": count, "num_chunks": len(parts), "weight_bytes": engine.executor.weight_bytes,
-            "step_tokens": step_tokens or ctx}
+    return {"perplexity": math.exp(total / count), "num_scored_tokens": count, "num_chunks": len(parts),
+            "weight_bytes": engine.executor.weight_bytes, "step_tokens": step_tokens or ctx}
 
 
 def llama_cpp_perplexity(binary: Path, gguf: Path, text_path: Path, ctx: int, num_threads: int) -> dict:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from servelab.bench.datasets import BENCH_DATASETS, BenchRequest, build_requests, load_tokenizer
 from servelab.bench.loadgen import ENDPOINTS, ClientConfig, RequestResult, first_model_id, probe
+from servelab.trace_formats import add_trace_args, trace_fields
 from servelab.workload import WorkloadConfig
 from servelab.metrics.request_stats import RequestTiming, compute_metrics, meets_slos
 
@@ -55,6 +56,7 @@ def add_workload_args(p: argparse.ArgumentParser, num_prompts: int = 1000, with_
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1 = Poisson")
     p.add_argument("--num-prompts", type=int, default=num_prompts)
     p.add_argument("--seed", type=int, default=0)
+    add_trace_args(p)
 
 
 def add_request_args(p: argparse.ArgumentParser) -> None:
@@ -92,7 +94,8 @@ def workload_from_args(args: argparse.Namespace, request_rate: float | None = No
                           num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len,
                           range_ratio=args.range_ratio, burstiness=args.burstiness, seed=args.seed,
                           request_rate=request_rate or getattr(args, "request_rate", math.inf),
-                          prefix_len=getattr(args, "prefix_len", None), num_prefixes=getattr(args, "num_prefixes", None))
+                          prefix_len=getattr(args, "prefix_len", None), num_prefixes=getattr(args, "num_prefixes", None),
+                          **trace_fields(args))
 
 
 def prompt_format(args: argparse.Namespace) -> str:

@@ -1,6 +1,7 @@
 """`servelab bench stages`: the evolution path, measured. Starts `servelab serve` once per stage
 (1 serial, 2 static batching, 3 continuous batching + paged KV, 4 the same over `-tp 3` worker processes,
-5 prefill/decode disaggregated 1:1) on the same model, sends each the same seeded workload with
+5 prefill/decode disaggregated 1:1, 6 KV-cache-aware routing over `-dp 2 --router prefix`, beside `dp`: the same two
+replicas behind the least-loaded router) on the same model, sends each the same seeded workload with
 `bench serve`'s client, stops it, and writes one comparison table and plot.
 
 Every stage gets the same --max-num-seqs (serial ignores it) and --server-args, `--request-timeout 0`
@@ -24,16 +25,25 @@ from servelab.bench.loadgen import ClientConfig, first_model_id
 from servelab.bench.serve import (add_output_args, add_request_args, add_workload_args, parse_goodput,
                                   requests_from_args, run_benchmark)
 
-STAGES = ("serial", "static", "continuous", "tp", "disaggregated")
+STAGES = ("serial", "static", "continuous", "tp", "disaggregated")  # the default: the evolution path 1-5
+# Stage 6 and the replicas it is compared with, on request (--stages dp,prefix): they need prompts that share
+# prefixes (--dataset prefix-shared, or a trace with hash_ids).
+ROUTING_STAGES = ("dp", "prefix")
+ALL_STAGES = STAGES + ROUTING_STAGES
 STAGE_LABELS = {"serial": "1 serial", "static": "2 static batching", "continuous": "3 continuous + paged",
-                "tp": "4 tensor parallel -tp 3", "disaggregated": "5 disaggregated 1:1"}
+                "tp": "4 tensor parallel -tp 3", "disaggregated": "5 disaggregated 1:1",
+                "dp": "6a data parallel -dp 2, least-loaded", "prefix": "6 KV-aware routing -dp 2 --router prefix"}
 # Stage 4's size: the default model's 9 attention heads and 3 KV heads split by 3.
 STAGE4_TENSOR_PARALLEL_SIZE = 3
 # Stages past 3 run continuous batching plus the flags that make them.
 STAGE_FLAGS = {"tp": ["--tensor-parallel-size", str(STAGE4_TENSOR_PARALLEL_SIZE)],
-               "disaggregated": ["--disaggregate", "1:1"]}
+               "disaggregated": ["--disaggregate", "1:1"],
+               "dp": ["--data-parallel-size", "2", "--router", "least-loaded"],
+               "prefix": ["--data-parallel-size", "2", "--router", "prefix"]}
 BANNER = re.compile(r"servelab: serving \S+ at (http://\S+)/v1 ")
 PREEMPTIONS = re.compile(r"^servelab:num_preemptions_total\{[^}]*\} (\S+)$", re.MULTILINE)
+PREFIX_COUNTERS = {name: re.compile(rf"^servelab:prefix_cache_{name}_total\{{[^}}]*\}} (\S+)$", re.MULTILINE)
+                   for name in ("queries", "hits")}
 
 
 class ServelabServer(ServerProcess):
@@ -64,20 +74,32 @@ class ServelabServer(ServerProcess):
             time.sleep(0.2)
         raise RuntimeError(f"servelab serve not ready after {self.startup_timeout_s:g} s:\n{self.log_tail()}")
 
-    def num_preemptions(self) -> int | None:
+    def _metrics_text(self) -> str | None:
         import httpx
 
         try:
-            match = PREEMPTIONS.search(httpx.get(f"{self.url}/metrics", timeout=10.0).text)
+            return httpx.get(f"{self.url}/metrics", timeout=10.0).text
         except httpx.HTTPError:
             return None
+
+    def num_preemptions(self) -> int | None:
+        text = self._metrics_text()
+        match = PREEMPTIONS.search(text) if text is not None else None
         return int(float(match[1])) if match else None
+
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Hit tokens over queried tokens, summed over the engine cores."""
+        text = self._metrics_text()
+        if text is None:
+            return None
+        queries, hits = (sum(float(v) for v in PREFIX_COUNTERS[n].findall(text)) for n in ("queries", "hits"))
+        return hits / queries if queries else None
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("stages", help="serve the same model in each evolution stage, same workload, compare")
     p.add_argument("--model", default=None, help="model folder or .gguf (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from " + ",".join(STAGES))
+    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from " + ",".join(ALL_STAGES))
     p.add_argument("--max-num-seqs", type=int, default=32, help="batch slots of the static and continuous stages")
     p.add_argument("--server-args", default="", help='more `servelab serve` flags for every stage, e.g. '
                    '--server-args="--dtype float32 --num-threads 2"')
@@ -105,9 +127,9 @@ def stage_flags(stage: str, max_num_seqs: int, num_prompts: int, server_args: st
 
 def parse_stages(text: str) -> list[str]:
     stages = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = [s for s in stages if s not in STAGES]
+    unknown = [s for s in stages if s not in ALL_STAGES]
     if not stages or unknown:
-        raise ValueError(f"--stages takes a comma-separated list from {', '.join(STAGES)}, got {text!r}")
+        raise ValueError(f"--stages takes a comma-separated list from {', '.join(ALL_STAGES)}, got {text!r}")
     return stages
 
 
@@ -121,8 +143,9 @@ def run_stage(args: argparse.Namespace, stage: str, requests, tokenizer, slos: d
         result = run_benchmark(client, requests, tokenizer, args.max_concurrency, slos, not args.disable_tqdm,
                                desc=label)
         preemptions = server.num_preemptions()
+        hit_rate = server.prefix_cache_hit_rate()
     return {"stage": label, "schedule": stage, "model_id": client.model, "server_flags": flags,
-            "num_preemptions": preemptions, **result}
+            "num_preemptions": preemptions, "prefix_cache_hit_rate": hit_rate, **result}
 
 
 def _model_id(url: str) -> str:
@@ -155,7 +178,8 @@ def comparison_row(run: dict) -> dict:
             "output tok/s": run["output_throughput"], "TTFT p50 ms": get("median_ttft_ms"),
             "TTFT p99 ms": get("p99_ttft_ms"), "TPOT p50 ms": get("median_tpot_ms"), "TPOT p99 ms": get("p99_tpot_ms"),
             "E2E p50 s": run["median_e2el_ms"] / 1000 if "median_e2el_ms" in run else "-",
-            "peak in flight": get("max_concurrent_requests"), "preemptions": get("num_preemptions")}
+            "peak in flight": get("max_concurrent_requests"), "preemptions": get("num_preemptions"),
+            "prefix hit rate": "-" if run.get("prefix_cache_hit_rate") is None else run["prefix_cache_hit_rate"]}
 
 
 def ratios(runs: list[dict]) -> dict:
@@ -174,6 +198,9 @@ def ratios(runs: list[dict]) -> dict:
         if "disaggregated" in by:
             out["disaggregated_vs_continuous_output_throughput"] = (by["disaggregated"]["output_throughput"]
                                                                     / by["continuous"]["output_throughput"])
+    if "prefix" in by and "dp" in by:
+        out["prefix_vs_dp_output_throughput"] = by["prefix"]["output_throughput"] / by["dp"]["output_throughput"]
+        out["prefix_vs_dp_median_ttft"] = by["prefix"]["median_ttft_ms"] / by["dp"]["median_ttft_ms"]
     return out
 
 

@@ -45,6 +45,19 @@ class DecodeRunExecutor(Executor, Protocol):
         """A one-step run plus the requests its plan admits, priced as one step."""
 
 
+class GrammarConstraints(Protocol):
+    """Structured output's hooks into the step (servelab/structured_output/manager.py implements them): a
+    constrained request joins the scheduler once its grammar is compiled; each step's plan gets the bitmask
+    of its constrained rows before it runs, and the matchers take the sampled tokens after."""
+
+    def add_request(self, request: Request) -> None: ...
+    def is_ready(self, request_id: str) -> bool: ...
+    def error(self, request_id: str) -> str | None: ...
+    def remove(self, request_id: str) -> None: ...
+    def fill_bitmask(self, plan: StepPlan) -> None: ...
+    def accept_tokens(self, plan: StepPlan, result: StepResult) -> list[str]: ...
+
+
 @dataclass(slots=True)
 class StepStats:
     start: float
@@ -80,9 +93,11 @@ class StepOutputs:
 
 class EngineCore:
     def __init__(self, scheduler: Scheduler, executor: Executor, clock: WallClock | VirtualClock,
-                 stats_sink: Callable[[StepStats], None] | None = None, decode_runs: bool = False) -> None:
+                 stats_sink: Callable[[StepStats], None] | None = None, decode_runs: bool = False,
+                 grammars: GrammarConstraints | None = None) -> None:
         """stats_sink gets each step's (or run's) StepStats. decode_runs chooses step_with_decode_runs
-        as step_fn; it needs a DecodeRunExecutor and a VirtualClock."""
+        as step_fn; it needs a DecodeRunExecutor and a VirtualClock. grammars constrains the requests that
+        ask for structured output (without it, such a request is refused)."""
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock
@@ -95,9 +110,39 @@ class EngineCore:
             self.decode_runs = Planner(scheduler)
         self.step_fn: Callable[..., StepOutputs] = self.step_with_decode_runs if decode_runs else self.step
         self.step_request_ids: tuple[str, ...] = ()  # the requests of the step the executor is running
+        self.grammars = grammars
+        # constrained requests whose grammar is still compiling, in arrival order; they join the scheduler when ready
+        self.grammar_waiting: list[Request] = []
 
     def add_request(self, request: Request) -> None:
+        if request.sampling_params.structured_outputs is not None:
+            if self.grammars is None:
+                raise ValueError("this engine has no structured output")
+            if request.request_id in self.scheduler.requests or any(
+                    r.request_id == request.request_id for r in self.grammar_waiting):
+                raise ValueError(f"duplicate request id {request.request_id!r}")
+            self.grammars.add_request(request)
+            if not self.grammars.is_ready(request.request_id):
+                self.grammar_waiting.append(request)
+                return
         self.scheduler.add_request(request)
+
+    def _admit_compiled(self) -> list[EngineCoreOutput]:
+        """Move the requests whose grammar is now compiled into the scheduler; one whose grammar failed
+        finishes (aborted) with an output, never silently."""
+        grammars, outputs, waiting = self.grammars, [], []
+        for request in self.grammar_waiting:
+            if not grammars.is_ready(request.request_id):
+                waiting.append(request)
+            elif grammars.error(request.request_id) is not None:
+                request.status = RequestStatus.FINISHED_ABORTED
+                request.times.finished = self.clock.now()
+                grammars.remove(request.request_id)
+                outputs.append(request.output([]))
+            else:
+                self.scheduler.add_request(request)
+        self.grammar_waiting = waiting
+        return outputs
 
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
         return self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
@@ -111,6 +156,15 @@ class EngineCore:
         requests = self.scheduler.requests
         for request_id in request_ids:
             request = requests.get(request_id)
+            if self.grammars is not None:
+                self.grammars.remove(request_id)
+                if request is None:
+                    request = self._take_grammar_waiting(request_id)
+                    if request is not None:
+                        request.status = status
+                        request.times.finished = now
+                        outputs.append(request.output([]))
+                        continue
             if request is None or request.finished:
                 continue
             request.times.finished = now
@@ -118,26 +172,44 @@ class EngineCore:
             outputs.append(request.output([]))
         return outputs
 
+    def _take_grammar_waiting(self, request_id: str) -> Request | None:
+        for index, request in enumerate(self.grammar_waiting):
+            if request.request_id == request_id:
+                return self.grammar_waiting.pop(index)
+        return None
+
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self.grammar_waiting)
 
     def step(self, horizon: float = math.inf) -> StepOutputs:
         """One batch iteration; it starts now, so the step functions' horizon (see
         step_with_decode_runs) does not bound it."""
         self._settle_decode_run()
         self.step_request_ids = ()
+        grammars = self.grammars
+        failed = self._admit_compiled() if self.grammar_waiting else []
         start = self.clock.now()
         plan = self.scheduler.schedule(start)
         if plan.is_empty and not plan.finished_request_ids:
-            return StepOutputs([], None)
+            return StepOutputs(failed, None)
         # Kept until the step is done: when it raises, these are the requests whose step failed.
         self.step_request_ids = tuple(s.request_id for s in plan.scheduled)
+        if grammars is not None:
+            for request_id in plan.finished_request_ids:
+                grammars.remove(request_id)
+            grammars.fill_bitmask(plan)
         result = self.executor.execute(plan)
         self.clock.advance(result.duration)
         end = self.clock.now()
+        terminated = grammars.accept_tokens(plan, result) if plan.grammar_request_ids else ()
         updated = self.scheduler.update_from_output(plan, result, end)
         self.step_request_ids = ()
-        outputs = [r.output(new_tokens) for r, new_tokens in updated]
+        for request_id in terminated:  # the grammar is complete: nothing may follow
+            request = self.scheduler.requests.get(request_id)
+            if request is not None and not request.finished:
+                request.times.finished = end
+                self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED)
+        outputs = failed + [r.output(new_tokens) for r, new_tokens in updated]
         return StepOutputs(outputs, self._emit(self._stats(plan, result, start, end)))
 
     def step_with_decode_runs(self, horizon: float = math.inf) -> StepOutputs:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from servelab.sampling_params import SamplingParams
 
@@ -48,6 +49,11 @@ class StepPlan:
     # preempted request comes back with prompt_token_ids set).
     finished_request_ids: list[str] = field(default_factory=list)
     preempted_request_ids: list[str] = field(default_factory=list)
+    # Structured output (structured_output/manager.py): one row of allowed next tokens per constrained request
+    # that samples this step, an int32 numpy array (rows, ceil(vocab / 32)) whose bit t of a row allows
+    # token t; grammar_request_ids names each row's request.
+    grammar_bitmask: Any = None
+    grammar_request_ids: list[str] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:

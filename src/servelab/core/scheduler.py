@@ -219,8 +219,8 @@ class Scheduler:
         """The proposer's drafts for a request about to compute its last sampled token: greedy requests
         only (sampled ones would need rejection sampling), at most budget - 1 of them, and no more than
         its max_tokens leave room for (all accepted, a step gives 1 + len(drafts) tokens)."""
-        output = request.output_token_ids
-        if not output or not request.sampling_params.greedy:
+        output, params = request.output_token_ids, request.sampling_params
+        if not output or not params.greedy or params.structured_outputs is not None:  # a grammar: one token at a time
             return None
         room = min(budget - 1, request.max_tokens - len(output) - 1)
         return self.proposer.propose(request, room) if room > 0 else None  # type: ignore[union-attr]

@@ -32,6 +32,8 @@ from servelab.core.engine_io import EngineCoreRequest, EngineLimits
 from servelab.engine.core_client import EngineCoreClient, EngineDeadError, EngineStepError
 from servelab.engine.core_protocol import EngineStepOutputs
 from servelab.engine.input_processor import InputProcessor, PromptType
+from servelab.core.block_hash import hash_token_blocks
+from servelab.core.prefix_router import PrefixRouter
 from servelab.engine.engine_loads import EngineLoads
 from servelab.engine.kv_handoff import decode_request, first_token_output, prefill_request
 from servelab.engine.request_stream import RequestStream
@@ -61,7 +63,7 @@ class _Tracked:
 
 class AsyncLLM:
     def __init__(self, cores: Sequence[EngineCoreClient], tokenizer: Tokenizer,
-                 on_events: Callable[[EngineEvents], None] | None = None) -> None:
+                 on_events: Callable[[EngineEvents], None] | None = None, router: str = "least-loaded") -> None:
         self.cores = list(cores)
         infos = [core.info for core in self.cores]
         # every core must be able to run any request, so validate against the smallest
@@ -71,6 +73,8 @@ class AsyncLLM:
         self.weight_bytes = sum(infos[0].weight_bytes_per_rank)
         self._on_events = on_events
         self._loads = EngineLoads(len(self.cores))
+        # --router prefix: data-parallel cores (or prefill cores) chosen by cached prompt blocks against load
+        self._prefix_router = PrefixRouter(self.limits.num_blocks) if router == "prefix" else None
         roles = [getattr(i, "kv_role", "") for i in infos]
         self.prefill_indices = [i for i, role in enumerate(roles) if role == "kv_producer"]
         self.decode_indices = [i for i, role in enumerate(roles) if role == "kv_consumer"]
@@ -147,10 +151,10 @@ class AsyncLLM:
             if request.sampling_params.n != 1:
                 stream.on_error(ValueError("n > 1 is not supported with --disaggregate"))
                 return stream
-            index = self._loads.pick(self.prefill_indices)
+            index = self._route(request, self.prefill_indices)
             request, later = prefill_request(request)
         else:
-            index = self._loads.pick()
+            index = self._route(request, list(range(len(self.cores))))
         num_requests = request.sampling_params.n
         try:
             self.cores[index].add_request(request)
@@ -160,6 +164,14 @@ class AsyncLLM:
         self._tracked[request.request_id] = _Tracked(stream, index, num_requests, decode_request=later)
         self._loads.sent(index, num_requests)
         return stream
+
+    def _route(self, request: EngineCoreRequest, among: list[int]) -> int:
+        if self._prefix_router is None:
+            return self._loads.pick(among)
+        hashes = hash_token_blocks(request.prompt_token_ids, self.limits.block_size)
+        index = among[self._prefix_router.pick(among, [self._loads.load(i) for i in among], hashes)]
+        self._prefix_router.routed(index, hashes)
+        return index
 
     async def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                           arrival_time: float | None = None) -> RequestStream:

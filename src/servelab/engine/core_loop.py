@@ -38,8 +38,10 @@ class EngineLoop:
         engine = self.engine
         ranks = [RankProcess(r.rank, r.pid, r.hostname) for r in engine.executor.worker_ranks]
         role = {"kv_producer": "prefill", "kv_consumer": "decode"}.get(engine.kv_role, "colocated")
+        choice = engine.quantization_choice
         return EngineReady(self.engine_index, pid, engine.limits, engine.eos_token_ids,
-                           tuple(engine.executor.weight_bytes_per_rank), engine.kv_role, ranks, role)
+                           tuple(engine.executor.weight_bytes_per_rank), engine.kv_role, ranks, role,
+                           choice.mode, choice.kv_cache_dtype, choice.reason)
 
     def has_work(self) -> bool:
         return self.engine.has_unfinished_requests()

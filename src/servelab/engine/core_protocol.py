@@ -57,6 +57,10 @@ class EngineReady(msgspec.Struct, tag=True):
     ranks: list[RankProcess] = []
     # colocated: prefills and decodes; prefill / decode: one side of a --disaggregate split
     role: str = "colocated"
+    # what --quantization resolved to (model/auto_quantization.py): none | gguf | int8, the KV cache dtype, and why
+    quantization: str = "none"
+    kv_cache_dtype: str = "auto"
+    quantization_reason: str = ""
 
 
 class EngineStartupFailed(msgspec.Struct, tag=True):

@@ -4,6 +4,7 @@ loop. Requests come in preprocessed (EngineCoreRequest) and state goes out as va
 nothing outside reaches into the scheduler or the KV cache."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass
@@ -25,10 +26,12 @@ from servelab.engine.output_processor import OutputProcessor
 from servelab.engine_args import EngineArgs
 from servelab.executor.model_executor import ModelExecutor
 from servelab.metrics.events import EngineState
+from servelab.model.auto_quantization import QuantizationChoice, resolve_quantization
 from servelab.model.gguf_weights import gguf_file
 from servelab.model.loader import DEFAULT_MODEL, load_model_config, resolve_dtype, resolve_model_path
 from servelab.model.tokenizer import Tokenizer
 from servelab.outputs import RequestOutput
+from servelab.structured_output import StructuredOutputManager, ll_tokenizer
 
 if TYPE_CHECKING:
     from servelab.kv_transfer.p2p_connector import KVTransferDone, P2PKVConnector
@@ -53,10 +56,14 @@ class LLMEngine:
             config.cache.enable_prefix_caching and not config.scheduler.contiguous))
         proposer = NgramProposer(config.speculative) if config.speculative is not None else None
         self._scheduler = Scheduler(config.scheduler, self._block_manager, proposer)
-        self.core = EngineCore(self._scheduler, executor, WallClock(), stats_sink=self._on_step_stats)
+        self.eos_token_ids = tuple(sorted(set(tokenizer.eos_token_ids) | set(config.model.eos_token_ids)))
+        self.grammars = StructuredOutputManager(
+            lambda: ll_tokenizer(tokenizer.to_json(), config.model.vocab_size, self.eos_token_ids),
+            config.model.vocab_size)
+        self.core = EngineCore(self._scheduler, executor, WallClock(), stats_sink=self._on_step_stats,
+                               grammars=self.grammars)
         self.limits = EngineLimits(config.scheduler.max_model_len, config.model.vocab_size, executor.num_blocks,
                                    config.cache.block_size)
-        self.eos_token_ids = tuple(sorted(set(tokenizer.eos_token_ids) | set(config.model.eos_token_ids)))
         self.input_processor = InputProcessor(tokenizer, self.limits, self.eos_token_ids)
         self.output_processor = OutputProcessor(tokenizer)
         self.last_step_stats: StepStats | None = None
@@ -66,11 +73,15 @@ class LLMEngine:
         self._kv_awaited: dict[int, Request] = {}  # decode side: transfer tag -> request whose KV is on its way
         self._kv_arrived: list[tuple[Request, torch.Tensor]] = []  # received, waiting for free blocks
         self._kv_sending: set[str] = set()  # prefill side: held blocks on the wire
+        # what --quantization (auto by default) resolved to, and why (from_engine_args sets it)
+        self.quantization_choice = QuantizationChoice(None, config.cache.cache_dtype, "float weights")
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
         if args.num_threads:
             torch.set_num_threads(args.num_threads)
+        choice = resolve_quantization(args)
+        args = dataclasses.replace(args, quantization=choice.quantization, kv_cache_dtype=choice.kv_cache_dtype)
         folder = resolve_model_path(args.model)
         model_config = load_model_config(folder)
         dtype = resolve_dtype(args.dtype)
@@ -94,7 +105,9 @@ class LLMEngine:
             from servelab.kv_transfer.p2p_connector import P2PKVConnector
 
             connector = P2PKVConnector.from_config(config.kv_transfer, executor.kv_caches)
-        return cls(config, tokenizer, executor, Path(args.model).name if args.model else DEFAULT_MODEL, connector)
+        engine = cls(config, tokenizer, executor, Path(args.model).name if args.model else DEFAULT_MODEL, connector)
+        engine.quantization_choice = choice
+        return engine
 
     @property
     def max_model_len(self) -> int:
@@ -198,6 +211,8 @@ class LLMEngine:
             times.token_times.append(kv.first_token_time)
         self.output_processor.add_request(request, [request])
         self.output_processor.process([core_request.output([kv.first_token])])  # text and stop-string state so far
+        if request.sampling_params.structured_outputs is not None:  # its matcher goes on from the first token
+            self.grammars.add_request(core_request)
         self._kv_awaited[kv.tag] = core_request
 
     def _take_awaited(self, request_id: str) -> Request | None:

@@ -109,8 +109,8 @@ class OutputProcessor:
             completion.logprobs.append(TokenLogprob(token.token_id, token.logprob, token.top_logprobs or []))
             completion.cumulative_logprob += token.logprob
         delta = sample.detokenizer.add(token.token_id)
-        if finish_reason == "stop":  # EOS / a stop token id ends the text without its own text (vLLM's behaviour)
-            delta = ""
+        if finish_reason == "stop" and _ends_on_stop_token(sample, token.token_id):
+            delta = ""  # EOS / a stop token id ends the text without its own text (vLLM's behaviour)
         old_len = len(sample.full_text)
         sample.full_text += delta
         stops = sample.request.sampling_params.stop
@@ -162,3 +162,10 @@ class OutputProcessor:
         self._parents.pop(parent.request_id, None)
         for s in parent.samples:
             self._sample_of.pop(s.request.request_id, None)
+
+
+def _ends_on_stop_token(sample: _Sample, token_id: int) -> bool:
+    """Whether a request that stopped on token_id stopped because of it (EOS or a stop token id), rather than
+    with it (a grammar that token completed keeps its text)."""
+    params = sample.request.sampling_params
+    return (not params.ignore_eos and token_id in sample.request.eos_token_ids) or token_id in params.stop_token_ids

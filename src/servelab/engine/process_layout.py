@@ -29,6 +29,10 @@ class EngineLayout:
     ranks: tuple[RankLayout, ...]
     # KV handoffs this engine sent (prefill) or received (decode) under --disaggregate; 0 when colocated.
     num_kv_handoffs: int = 0
+    # --quantization as resolved (none | gguf | int8), the KV cache dtype, and why (model/auto_quantization.py)
+    quantization: str = "none"
+    kv_cache_dtype: str = "auto"
+    quantization_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,5 +57,6 @@ def process_layout(cores: list[EngineCoreClient]) -> ProcessLayout:
         info = core.info
         ranks = tuple(RankLayout(r.rank, r.pid, r.host) for r in info.ranks) or (RankLayout(0, info.pid, host),)
         engines.append(EngineLayout(info.engine_index, info.role, info.pid, core.is_alive(), ranks,
-                                    core.num_kv_handoffs))
+                                    core.num_kv_handoffs, info.quantization, info.kv_cache_dtype,
+                                    info.quantization_reason))
     return ProcessLayout(os.getpid(), host, tuple(engines))

@@ -1,4 +1,4 @@
-"""The `servelab serve` command line: flags, then load the engine and hand over to gateway.server.
+"""The `servelab serve` command line: flags, then load the engine and hand over to entrypoints.api_server.
 Imports nothing heavy until the command runs, so `servelab --help` stays fast."""
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from servelab.entrypoints.cache_dir import check_cache_dir
-from servelab.gateway.config import DEFAULT_SERVED_MODEL_NAME, ServerConfig
+from servelab.gateway.config import DEFAULT_SERVED_MODEL_NAME, ROUTERS, ServerConfig
+from servelab.parsers.reasoning import REASONING_PARSERS
 
 if TYPE_CHECKING:
     from servelab.engine.core_client import EngineCoreClient
@@ -60,6 +61,10 @@ def add_serve_parser(sub) -> None:
     g.add_argument("--api-key", action="append", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1 (repeatable; default: $SERVELAB_API_KEY)")
     g.add_argument("--protect-metrics", action="store_true", help="require the API key on /metrics too")
+    g.add_argument("--router", choices=ROUTERS, default="least-loaded",
+                   help="which engine core takes a request with --data-parallel-size or --disaggregate: the least "
+                        "loaded, or prefix (KV-cache-aware: where its prompt's leading blocks were sent, against "
+                        "load)")
     g.add_argument("--max-num-queued-requests", type=int, default=256,
                    help="requests waiting for their first token before new ones get 429")
     g.add_argument("--max-queued-tokens", type=int, default=131072,
@@ -86,6 +91,8 @@ def add_serve_parser(sub) -> None:
     limits.add_argument("--max-unsent-tokens", type=int, default=4096,
                         help="generated tokens a stream may hold unsent (a client that stopped reading) "
                              "before the request is aborted and its KV cache freed")
+    g.add_argument("--reasoning-parser", default=None, choices=REASONING_PARSERS,
+                   help="split <think>...</think> out of chat output into reasoning_content")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(func=run_serve)
 
@@ -109,7 +116,8 @@ def server_config(args: argparse.Namespace, model: str | None) -> ServerConfig:
         max_n=args.max_n, max_logprobs=args.max_logprobs, max_stop_strings=args.max_stop_strings,
         max_stop_string_len=args.max_stop_string_len, header_read_timeout=args.header_read_timeout,
         body_read_timeout=args.body_read_timeout, max_unsent_tokens=args.max_unsent_tokens,
-        allowed_origins=tuple(args.allowed_origins or ()))
+        allowed_origins=tuple(args.allowed_origins or ()), reasoning_parser=args.reasoning_parser,
+        router=args.router)
 
 
 def _configure_logging(level: str) -> None:
@@ -153,7 +161,7 @@ def run_serve(args: argparse.Namespace) -> int:
     cores, tokenizer, rendezvous = _start_engine_cores(engine_args, args.log_level)
     try:
         from servelab.engine.process_layout import process_layout
-        from servelab.gateway.server import serve
+        from servelab.entrypoints.api_server import serve
         from servelab.lab.web.routes import LAYOUT_ROUTE, build_lab_router
 
         # The lab page and its API never touch the model: outside /v1, so no API key (like /health).

@@ -32,13 +32,14 @@ import numpy as np
 
 from servelab.core.plan import ScheduledRequest, StepPlan
 from servelab.executor.efficiency import CUDA_GRAPH_MAX_BATCH_SIZE, Efficiency, matmul_half_tokens
-from servelab.specs import DTYPE_BYTES, QUANTIZATION_BYTES, DeviceSpec, ModelSpec
+from servelab.specs import DTYPE_BYTES, QUANTIZATION_BYTES, DeviceSpec, ModelSpec, activation_dtype, kv_dtype
 
 
 class CostModel:
     def __init__(self, model: ModelSpec, device: DeviceSpec, efficiency: Efficiency,
                  tensor_parallel_size: int = 1, dtype: str = "bfloat16", cuda_graphs: bool = True,
-                 num_scheduler_steps: int = 1, quantization: str | None = None) -> None:
+                 num_scheduler_steps: int = 1, quantization: str | None = None,
+                 kv_cache_dtype: str = "auto") -> None:
         tp = tensor_parallel_size
         # A measured CPU profile: the tp ranks are processes sharing the profiled cores, so a step costs
         # the whole model's compute on them (priced as tp 1) plus the measured all-reduces.
@@ -53,24 +54,38 @@ class CostModel:
         self.cuda_graphs, self.num_scheduler_steps = cuda_graphs, num_scheduler_steps
         m = model
         self.num_layers = m.num_hidden_layers
-        self.flops = device.flops * efficiency.matmul
+        # decoder GEMMs run at the checkpoint's precision where the chip has the units (fp8 W8A8 on
+        # Hopper/Ada/CDNA3, fp4 on Blackwell); the LM head stays in the activations' dtype
+        self.flops = device.gemm_flops(dtype if quantization is None else "bfloat16") * efficiency.matmul
+        self.lm_head_flops = device.flops * efficiency.matmul
+        kv = kv_dtype(dtype, kv_cache_dtype)
+        # FlashAttention-3's fp8 path runs QK^T and PV in fp8 when the KV cache is fp8 (Shah et al. 2024)
+        self.attention_flops = device.gemm_flops(kv) * efficiency.attention
+        # no kernel streams faster than a STREAM-like copy (the GPU's memory_ceiling)
+        ceiling = device.memory_ceiling
+        self.bandwidth = device.memory_bandwidth * min(efficiency.memory, ceiling)
+        self.kv_bandwidth = device.memory_bandwidth * min(efficiency.kv_memory, ceiling)
         self.matmul_half_tokens = matmul_half_tokens(efficiency, device)
-        self.attention_flops = device.flops * efficiency.attention
-        self.bandwidth = device.memory_bandwidth * efficiency.memory
-        self.kv_bandwidth = device.memory_bandwidth * efficiency.kv_memory
         # Per GPU and layer: matmul weights (dense part, one expert; and the LM head), KV bytes per token,
         # FLOPs per (query, key) pair.
         self.dense_params = m.dense_params_per_layer / shard
         self.expert_params = m.expert_params / shard
         self.lm_head_params = m.lm_head_params / shard
-        self.dtype_bytes = DTYPE_BYTES[dtype]
-        # decoder GEMMs stream quantized weights (dequantized in the kernel); the LM head keeps the dtype
-        self.layer_weight_bytes = QUANTIZATION_BYTES[quantization] if quantization else self.dtype_bytes
-        self.kv_bytes_per_token_layer = m.layer_kv_bytes_per_token(dtype, shard)
+        activations = activation_dtype(dtype)
+        self.dtype_bytes = DTYPE_BYTES[activations]  # the LM head's weights
+        # decoder GEMMs stream quantized weights (dequantized in the kernel) or the low-precision dtype's
+        self.layer_weight_bytes = QUANTIZATION_BYTES[quantization] if quantization else DTYPE_BYTES[dtype]
+        self.kv_bytes_per_token_layer = m.layer_kv_bytes_per_token(kv, shard)
         self.score_flops_per_pair = m.layer_score_flops_per_pair(shard)
-        self.hidden_bytes_per_token = m.hidden_bytes_per_token(dtype)
+        self.hidden_bytes_per_token = m.hidden_bytes_per_token(activations)
         # activations stay in dtype under weight-only quantization
-        self.elementwise_bytes_per_token = m.layer_elementwise_bytes_per_token(dtype, shard)
+        self.elementwise_bytes_per_token = m.layer_elementwise_bytes_per_token(activations, shard)
+        if device.compute_units:
+            # The ramp never charges more rows than the roofline: at one row its compute may equal, not exceed,
+            # the weight stream. A GEMM of M rows pads them to one tile and streams every weight once; the
+            # tile's math hides behind the stream up to the ridge point (peak share x bytes / bandwidth).
+            ridge = self.flops * self.layer_weight_bytes / (2 * self.bandwidth)
+            self.matmul_half_tokens = min(self.matmul_half_tokens, ridge)
         self._decode_fixed_cache: dict[int, tuple[float, float, float]] = {}
 
     # ---- components, in seconds per step
@@ -99,7 +114,7 @@ class CostModel:
         e = self.efficiency
         if e.lm_head_curve is not None:
             return e.lm_head_curve(num_sampled)
-        return _max(2 * (num_sampled + self.matmul_half_tokens) * self.lm_head_params / self.flops,
+        return _max(2 * (num_sampled + self.matmul_half_tokens) * self.lm_head_params / self.lm_head_flops,
                     self.lm_head_params * self.dtype_bytes / self.bandwidth)
 
     def received_step_time(self, num_requests: int) -> dict[str, float]:

@@ -91,6 +91,38 @@ GPU_EFFICIENCY = Efficiency(
 )
 
 
+# Serving stacks by version (`lab simulate --engine`), each with its CPU-side overheads before calibration:
+# where GPU_EFFICIENCY's few hundred microseconds a step do not describe the stack, its own priors, from
+# the stack's published design and profiles. The fit (servelab lab calibrate) moves them; a stack with no
+# reference point prices with its priors.
+ENGINE_SOURCES = {
+    "vllm": "vLLM V1 (the default engine since 0.8): the scheduler and input preparation in an EngineCore "
+            "process busy-looping beside the API server, a persistent batch that applies only each step's "
+            "changes to the input tensors, piecewise CUDA graphs (vLLM blog 'vLLM V1: A Major Upgrade to "
+            "vLLM's Core Architecture', 2025-01-27; RFC #8779): a few hundred microseconds a step",
+    "vllm-v0": "vLLM V0 (0.6.x, 0.7.x): scheduling, input preparation, sampling metadata and output processing "
+               "between two steps, growing with the batch: '5-13 ms of GPU bubble' a decode step, ~4 ms in "
+               "traces (RFC #6854, multi-step scheduling, 2024-07) and 'when BS is 200, all this together can be "
+               "20 ms' (RFC #6801, 2024-08-08): ~4 ms a pass plus (20 - 4) ms / 200 = 80 us a request",
+    "sglang": "SGLang >= 0.4: the zero-overhead batch scheduler runs the next batch's CPU work while the GPU "
+              "runs this one, leaving no GPU idle between batches in its Nsight profiles (LMSYS blog 'SGLang "
+              "v0.4', 2024-12-04); earlier versions' points are priced with the same key",
+    "tensorrt-llm": "TensorRT-LLM 1.x with its PyTorch backend: a C++ batch manager and the overlap scheduler, "
+                    "which prepares step n+1 while step n runs (TensorRT-LLM docs, 'Overlap Scheduler'); NeMo's "
+                    "published runs of the TensorRT runtime are priced with the same key",
+    "lmdeploy": "LMDeploy's TurboMind: a C++/CUDA engine with persistent batching and no Python in the step "
+                "loop (LMDeploy docs, 'TurboMind architecture')",
+}
+ENGINE_PRIORS: dict[str, dict[str, float]] = {
+    "vllm": {"step_overhead_s": 400e-6, "request_overhead_s": 5e-6},
+    "vllm-v0": {"step_overhead_s": 4e-3, "request_overhead_s": 80e-6},
+    "sglang": {"step_overhead_s": 200e-6, "request_overhead_s": 2e-6},
+    "tensorrt-llm": {"step_overhead_s": 300e-6, "request_overhead_s": 3e-6},
+    "lmdeploy": {"step_overhead_s": 200e-6, "request_overhead_s": 2e-6},
+}
+ENGINES = tuple(ENGINE_SOURCES)
+
+
 # The GPU matmul_half_tokens is stated for: an H100 SXM's 132 SMs.
 REFERENCE_COMPUTE_UNITS = 132
 

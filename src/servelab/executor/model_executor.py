@@ -5,6 +5,8 @@ The single-process engine uses it directly; under tensor parallelism every worke
 built with its rank's TensorParallelGroup, and only the first rank's samples are returned."""
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
 import time
 from pathlib import Path
@@ -20,9 +22,12 @@ from servelab.model.llama import LlamaForCausalLM
 from servelab.model.gguf_weights import load_gguf_weights
 from servelab.model.loader import load_state_dict
 from servelab.model.sampler import Sampler, SamplingRow, plain_greedy
-from servelab.model.smooth_quant import CALIBRATION_TEXT, InputAbsMax
+from servelab.model.quant_cache import config_hash, entry_path, load_entry, model_content_hash, save_entry
+from servelab.model.smooth_quant import CALIBRATION_CHUNK_TOKENS, CALIBRATION_TEXT, SMOOTHQUANT_ALPHA, InputAbsMax
 from servelab.model.tokenizer import Tokenizer
 from servelab.specs import ModelSpec
+
+logger = logging.getLogger(__name__)
 
 
 def kv_cache_bytes(cache_config: CacheConfig) -> int:
@@ -60,7 +65,9 @@ class ModelExecutor:
         """kv_cache_memory is per rank (as vLLM's memory budget is per device): a rank holding 1/N of
         the KV heads fits N times the blocks. quantization "gguf" reads gguf_path's blocks instead of
         the converted folder's float weights."""
-        model = LlamaForCausalLM(model_config, dtype, max_positions=max_model_len, tp=tp, quantization=quantization)
+        # int8 calibrates in chunks of CALIBRATION_CHUNK_TOKENS, whatever the context length
+        max_positions = max(max_model_len, CALIBRATION_CHUNK_TOKENS) if quantization == "int8" else max_model_len
+        model = LlamaForCausalLM(model_config, dtype, max_positions=max_positions, tp=tp, quantization=quantization)
         if quantization == "gguf":
             if gguf_path is None:
                 raise ValueError("quantization 'gguf' needs the .gguf file")
@@ -77,23 +84,49 @@ class ModelExecutor:
             raise ValueError("kv_cache_memory is too small to hold a single KV block")
         executor = cls(model, num_blocks, cache_config.block_size, cache_dtype)
         if quantization == "int8":
-            calibration_ids = Tokenizer.from_pretrained(folder).encode(CALIBRATION_TEXT.read_text(encoding="utf-8"))
-            model.quantize_int8(executor.linear_input_absmax(calibration_ids))
+            executor.quantize_int8(folder)
         return executor
 
+    def quantize_int8(self, folder: Path) -> None:
+        """SmoothQuant-calibrate the float model and make every matrix int8, or load both from the cache
+        (model/quant_cache.py) where an entry for this model's content and this calibration exists."""
+        model = self.model
+        model_hash = model_content_hash(folder)
+        settings = config_hash(text_sha256=hashlib.sha256(CALIBRATION_TEXT.read_bytes()).hexdigest(),
+                               alpha=SMOOTHQUANT_ALPHA, chunk_tokens=CALIBRATION_CHUNK_TOKENS,
+                               block_size=self.block_size, dtype=str(model.dtype))
+        path = entry_path(model_hash, settings)
+        cached = load_entry(path, model_hash, settings)
+        if cached is not None and model.load_int8(cached):
+            logger.info("int8 weights from the cache: %s", path)
+            return
+        started = time.perf_counter()
+        calibration_ids = Tokenizer.from_pretrained(folder).encode(CALIBRATION_TEXT.read_text(encoding="utf-8"))
+        input_absmax = self.linear_input_absmax(calibration_ids)
+        model.quantize_int8(input_absmax)
+        tensors = {**{f"absmax.{name}": v for name, v in input_absmax.items()}, **model.int8_state()}
+        try:
+            save_entry(path, tensors, model_hash, settings)
+            logger.info("int8: calibrated on %d tokens and quantized in %.1f s; cached in %s", len(calibration_ids),
+                        time.perf_counter() - started, path)
+        except OSError as exc:  # a read-only or full cache: the next start calibrates again
+            logger.warning("could not cache the int8 weights in %s: %s", path, exc)
+
     def linear_input_absmax(self, token_ids: list[int]) -> dict[str, torch.Tensor]:
-        """max |x| per input channel of every linear layer while the float model prefills token_ids
-        (in chunks that fit the KV cache): SmoothQuant's calibration. Leaves the KV cache zeroed."""
-        chunk = min(self.num_blocks * self.block_size, self.model.rope.cos.shape[0])
+        """max |x| per input channel of every linear layer while the float model prefills token_ids in chunks
+        of CALIBRATION_CHUNK_TOKENS, over a KV cache of its own in the model's dtype (so the statistics do not
+        depend on the engine's KV cache size or dtype): SmoothQuant's calibration."""
+        chunk = min(CALIBRATION_CHUNK_TOKENS, self.model.rope.cos.shape[0])
+        num_blocks = -(-chunk // self.block_size)
+        kv_caches = [torch.zeros(self.model.kv_cache_shape(num_blocks, self.block_size), dtype=self.model.dtype)
+                     for _ in self.kv_caches]
         with InputAbsMax(self.model.named_linear_layers()) as observed, torch.inference_mode():
             for start in range(0, len(token_ids), chunk):
                 part = token_ids[start:start + chunk]
                 request = ScheduledRequest("calibration", part, 0, list(range(-(-len(part) // self.block_size))),
                                            sample=False, sampling_params=None)
                 input_ids, positions, meta = self._prepare([], [request])
-                observed.record("head", self.model(input_ids, positions, self.kv_caches, meta))
-        for kv_cache in self.kv_caches:
-            kv_cache.zero_()
+                observed.record("head", self.model(input_ids, positions, kv_caches, meta))
         return observed.absmax
 
     @property
@@ -140,7 +173,10 @@ class ModelExecutor:
                     else:
                         sample_rows.append(row - 1)
                         rows.append(row_state)
-            tokens = self._sample(hidden[sample_rows], rows) if rows else []
+            bitmask = _grammar_rows(plan, sampled_reqs)
+            if bitmask is not None and len(rows) > len(sampled_reqs):  # a grammar row for each draft's sample too
+                bitmask = bitmask.repeat_interleave(torch.tensor([1 + s.num_spec_tokens for s in sampled_reqs]), dim=0)
+            tokens = self._sample(hidden[sample_rows], rows, bitmask) if rows else []
         sampled, spec_sampled, index = {}, {}, 0
         for s in sampled_reqs if tokens else ():  # no tokens on a rank that gets no logits back
             output_token_ids = self._rows[s.request_id].output_token_ids
@@ -155,7 +191,8 @@ class ModelExecutor:
                 index += 1
         return StepResult(sampled=sampled, duration=time.perf_counter() - start, spec_sampled=spec_sampled)
 
-    def _sample(self, hidden: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
+    def _sample(self, hidden: torch.Tensor, rows: list[SamplingRow],
+                grammar_bitmask: torch.Tensor | None = None) -> list[SampledToken]:
         """One token per row of hidden; none on a rank that gets no logits back."""
         if plain_greedy(rows):
             tokens = self.model.greedy_tokens(hidden)  # a W8A8 head's argmaxes, without fp32 logits
@@ -163,7 +200,11 @@ class ModelExecutor:
                 return [SampledToken(t) for t in tokens.tolist()]
         # Every rank computes its vocabulary slice; only the first rank gets logits back, and samples.
         logits = self.model.compute_logits(hidden)
-        return [] if logits is None else self.sampler(logits, rows)
+        if logits is None:
+            return []
+        if grammar_bitmask is not None:
+            grammar_bitmask = grammar_bitmask.to(logits.device, non_blocking=True)
+        return self.sampler(logits, rows, grammar_bitmask)
 
     def prompt_logits(self, token_ids: list[int], step_tokens: int | None = None) -> torch.Tensor:
         """(len(token_ids), vocab) fp32 logits at every position of one sequence, prefilled over the
@@ -234,3 +275,17 @@ def _verify_greedy(drafts: list[int], samples: list[SampledToken]) -> list[Sampl
         if samples[j].token_id != draft:
             return samples[:j + 1]
     return samples
+
+
+def _grammar_rows(plan: StepPlan, sampled: list[ScheduledRequest]) -> torch.Tensor | None:
+    """The plan's grammar bitmask laid out as the sampled rows (all tokens allowed where a row has no grammar)."""
+    if plan.grammar_bitmask is None:
+        return None
+    source = torch.from_numpy(plan.grammar_bitmask)
+    where = {request_id: row for row, request_id in enumerate(plan.grammar_request_ids)}
+    bitmask = torch.full((len(sampled), source.shape[1]), -1, dtype=torch.int32)
+    for i, s in enumerate(sampled):
+        row = where.get(s.request_id)
+        if row is not None:
+            bitmask[i] = source[row]
+    return bitmask

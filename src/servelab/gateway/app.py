@@ -41,10 +41,12 @@ class Gateway:
         self.config = config
         self.model_path = model_path
         info = cores[0].info
+        self.engine_info = info  # the first core's EngineReady (every core runs the same flags)
         self.metrics = ServerMetrics(config.model_name, info.weight_bytes_per_rank,
                                      min(c.info.limits.max_model_len for c in cores), num_engines=len(cores))
+        self.metrics.set_quantization(info.quantization, info.kv_cache_dtype, info.quantization_reason)
         self.recorder = MetricsRecorder(self.metrics)
-        self.engine = AsyncLLM(cores, tokenizer, on_events=self.recorder.submit)
+        self.engine = AsyncLLM(cores, tokenizer, on_events=self.recorder.submit, router=config.router)
         self.admission = AdmissionControl(config.max_num_queued_requests, config.max_queued_tokens,
                                           on_reject=self.metrics.record_rejected)
         self.auth = ApiKeyAuth(config.api_keys)
@@ -136,6 +138,14 @@ def build_app(gateway: Gateway, routers: tuple[APIRouter, ...] = ()) -> FastAPI:
     @app.post("/v1/chat/completions", **generation_route(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         return await gateway.serving.create_chat_completion(request)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return await gateway.serving.tokenize(request)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return await gateway.serving.detokenize(request)
 
     @app.get("/v1/models", **models_route())
     async def models() -> dict:

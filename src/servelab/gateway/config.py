@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_SERVED_MODEL_NAME = "SmolLM2-135M-Instruct"
+ROUTERS = ("least-loaded", "prefix")  # engine/async_llm.py
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class ServerConfig:
     body_read_timeout: float = 30.0
     max_unsent_tokens: int = 4096
     allowed_origins: tuple[str, ...] = ()  # CORS is off unless origins are given
+    # split <think>...</think> out of chat output as reasoning_content (vLLM's --reasoning-parser names)
+    reasoning_parser: str | None = None
+    router: str = "least-loaded"  # which engine core takes a request (one of ROUTERS)
 
     def __post_init__(self) -> None:
         checks = [
@@ -51,6 +55,7 @@ class ServerConfig:
             (self.header_read_timeout > 0, f"header_read_timeout must be > 0, got {self.header_read_timeout}"),
             (self.body_read_timeout > 0, f"body_read_timeout must be > 0, got {self.body_read_timeout}"),
             (self.max_unsent_tokens >= 1, f"max_unsent_tokens must be >= 1, got {self.max_unsent_tokens}"),
+            (self.router in ROUTERS, f"router must be one of {', '.join(ROUTERS)}, got {self.router!r}"),
         ]
         for ok, message in checks:
             if not ok:

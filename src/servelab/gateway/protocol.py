@@ -1,17 +1,31 @@
 """OpenAI request schemas (pydantic) and their translation to SamplingParams.
 
-Unknown fields are ignored, as OpenAI does; known fields with the wrong JSON type are 400s (strict
-validation: "5" is not an integer, 1.0 is not an integer, true is not a number).
+Every field of OpenAI's chat and completions requests (and vLLM's extras) is declared: it is honoured, or a
+value the server cannot honour is a 400 naming it (REFUSED_CHAT_FIELDS). Unknown fields are ignored, as
+OpenAI does, and logged once per name; known fields with the wrong JSON type are 400s (strict validation:
+"5" is not an integer, 1.0 is not an integer, true is not a number).
 """
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from servelab.gateway.config import ServerConfig
 from servelab.gateway.errors import bad_request
-from servelab.sampling_params import SamplingParams
+from servelab.gateway.protocol_structured import StructuredFields, ToolFields
+from servelab.sampling_params import SamplingParams, StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
+
+INT64_MIN, UINT64_MAX = -(1 << 63), (1 << 64) - 1
+# Fields whose values are schemas (any JSON): not walked for out-of-range integers.
+_SCHEMA_FIELDS = ("response_format", "structured_outputs", "guided_json", "tools", "messages", "prompt",
+                  "chat_template_kwargs", "metadata")
+_MAX_LOGGED_UNKNOWN = 1000
+_logged_unknown: set[str] = set()
 
 # OpenAI's default for /v1/completions; chat defaults to "as much as the context allows".
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -25,7 +39,7 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _GenerationRequest(_Strict):
+class _GenerationRequest(StructuredFields):
     model: str | None = None
     n: int = 1
     temperature: float | None = None
@@ -47,10 +61,11 @@ class _GenerationRequest(_Strict):
     skip_special_tokens: bool = True
 
     def _common_checks(self) -> None:
+        if self.seed is not None and not INT64_MIN <= self.seed < (1 << 63):
+            raise bad_request("seed must be a 64-bit signed integer", param="seed")
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
-        if self.logit_bias:
-            raise bad_request("logit_bias is not supported", param="logit_bias")
+        self.token_logit_bias()
 
     def check_limits(self, config: ServerConfig) -> None:
         """The server's limits on work one request may ask for (--max-n, --max-logprobs, --max-stop-strings,
@@ -75,6 +90,22 @@ class _GenerationRequest(_Strict):
 
     logprobs_param: ClassVar[str] = "logprobs"
 
+    def token_logit_bias(self) -> dict[int, float] | None:
+        """logit_bias with its keys as token ids (OpenAI sends them as strings)."""
+        if not self.logit_bias:
+            return None
+        try:
+            bias = {int(token): value for token, value in self.logit_bias.items()}
+        except ValueError as exc:
+            raise bad_request("logit_bias keys must be token ids", param="logit_bias") from exc
+        if any(not -100 <= v <= 100 for v in bias.values()):
+            raise bad_request("logit_bias values must be in [-100, 100]", param="logit_bias")
+        return bias
+
+    def output_grammar(self) -> tuple[str, StructuredOutputsParams] | None:
+        """(the field it came from, the grammar) constraining the output, if any."""
+        return self.structured_output()
+
     def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         values: dict[str, Any] = dict(
             n=self.n, temperature=1.0 if self.temperature is None else self.temperature,
@@ -84,7 +115,11 @@ class _GenerationRequest(_Strict):
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             stop=self.stop, stop_token_ids=self.stop_token_ids or [], ignore_eos=self.ignore_eos,
             max_tokens=max_tokens, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
+            logit_bias=self.token_logit_bias(),
         )
+        grammar = self.output_grammar()
+        if grammar is not None:
+            values["structured_outputs"] = grammar[1]
         try:
             return SamplingParams(**values)
         except ValueError as exc:
@@ -129,11 +164,26 @@ class TextPart(BaseModel):
     text: str | None = None
 
 
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    name: str
+    arguments: str
+
+
+class MessageToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's earlier calls, sent back
+    tool_call_id: str | None = None  # a tool message's answer to that call
 
     def template_dict(self, index: int) -> dict:
         content = self.content
@@ -143,16 +193,63 @@ class ChatMessage(BaseModel):
             content = "".join(part.text for part in content)
         message = self.model_dump(exclude_none=True)
         message["content"] = content or ""
+        if self.tool_calls:
+            # Templates read the arguments as a mapping (vLLM passes them so too).
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.function.name,
+                                                   "arguments": _json_or_text(c.function.arguments)}}
+                                     for c in self.tool_calls]
         return message
 
 
-class ChatCompletionRequest(_GenerationRequest):
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+# OpenAI chat fields this server cannot honour: a request that sets one (to other than its default) is a 400.
+REFUSED_CHAT_FIELDS = {
+    "audio": "audio output is not supported",
+    "functions": "functions is deprecated and not supported; send tools instead",
+    "function_call": "function_call is deprecated and not supported; send tool_choice instead",
+    "moderation": "moderation is not supported",
+    "prediction": "predicted outputs are not supported",
+    "verbosity": "verbosity is not supported",
+    "web_search_options": "web search is not supported",
+}
+# OpenAI chat fields that are hints or labels with nothing for this server to do (prefix caching is automatic).
+ACCEPTED_CHAT_HINTS = ("metadata", "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",
+                       "safety_identifier", "user")
+
+
+class ChatCompletionRequest(_GenerationRequest, ToolFields):
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = None  # passed to the chat template, as vLLM does
+    modalities: list[str] | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    # hints and labels (ACCEPTED_CHAT_HINTS)
+    metadata: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    # refused unless unset (REFUSED_CHAT_FIELDS)
+    audio: Any = None
+    functions: Any = None
+    function_call: Any = None
+    moderation: Any = None
+    prediction: Any = None
+    verbosity: Any = None
+    web_search_options: Any = None
 
     def check(self) -> None:
         self._common_checks()
@@ -160,6 +257,34 @@ class ChatCompletionRequest(_GenerationRequest):
             raise bad_request("messages must not be empty", param="messages")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs needs logprobs set to true", param="top_logprobs")
+        for name, message in REFUSED_CHAT_FIELDS.items():
+            if getattr(self, name) is not None:
+                raise bad_request(message, param=name)
+        if self.modalities is not None and self.modalities != ["text"]:
+            raise bad_request("only the text modality is supported", param="modalities")
+        if self.service_tier not in (None, "auto", "default"):
+            raise bad_request(f"service_tier {self.service_tier!r} is not offered; use auto or default",
+                              param="service_tier")
+        if self.store:
+            raise bad_request("stored completions are not supported (store must be false)", param="store")
+        self.check_tools()
+
+    def output_grammar(self) -> tuple[str, StructuredOutputsParams] | None:
+        sources = self.grammar_sources()
+        tool_grammar = self.tool_grammar()
+        if tool_grammar is not None:
+            sources.append(tool_grammar)
+        if len(sources) > 1:
+            names = ", ".join(name for name, _ in sources)
+            raise bad_request(f"only one of these fields may constrain the output, got {names}",
+                              param=sources[1][0])
+        return sources[0] if sources else None
+
+    def template_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            kwargs.setdefault("reasoning_effort", self.reasoning_effort)
+        return kwargs
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -192,10 +317,38 @@ def _param_path(loc: tuple) -> str | None:
     return "".join(parts) or None
 
 
+def _check_integers(body: dict) -> None:
+    """Integers must fit in 64 bits (a seed past them was a 500 from the engine's message codec)."""
+    for key, value in body.items():
+        if key in _SCHEMA_FIELDS:
+            continue
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, bool):
+                continue
+            if isinstance(item, int) and not INT64_MIN <= item <= UINT64_MAX:
+                raise bad_request(f"{key}: integers must fit in 64 bits", param=key)
+            if isinstance(item, list):
+                stack.extend(item)
+            elif isinstance(item, dict):
+                stack.extend(item.values())
+
+
+def _log_unknown(model: type[BaseModel], body: dict) -> None:
+    known = {f.alias or name for name, f in model.model_fields.items()}
+    for key in body:
+        if key not in known and key not in _logged_unknown and len(_logged_unknown) < _MAX_LOGGED_UNKNOWN:
+            _logged_unknown.add(key)
+            logger.warning("ignoring unknown request field %r (logged once)", key[:100])
+
+
 def parse_request(model: type[_Strict], body: Any) -> Any:
     """Validate a decoded JSON body; the first problem becomes a 400 naming the field."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
+    _check_integers(body)
+    _log_unknown(model, body)
     try:
         request = model.model_validate(body)
     except ValidationError as exc:

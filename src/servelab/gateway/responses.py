@@ -11,6 +11,7 @@ from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest
 from servelab.gateway.sse import SSE_DONE, ChunkFrames, sse_event
 from servelab.model.tokenizer import Tokenizer
 from servelab.outputs import CompletionOutput, RequestOutput, TokenLogprob
+from servelab.parsers import ChatDelta, ChatOutputParser
 
 
 @dataclass
@@ -24,9 +25,18 @@ class _ChoiceState:
 
 
 class ResponseBuilder:
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, reasoning: str | None = None) -> None:
+        """reasoning: the --reasoning-parser splitting <think> text out of chat output, or None."""
         self.tokenizer = tokenizer
+        self.reasoning = reasoning
         self._token_strs: dict[int, str] = {}
+
+    def _chat_parser(self, req: ChatCompletionRequest) -> ChatOutputParser | None:
+        """A parser of one choice's text when tools or reasoning are in play; None for plain content."""
+        mode = req.tool_mode
+        if mode is None and self.reasoning is None:
+            return None
+        return ChatOutputParser(self.reasoning, mode, req.named_tool)
 
     def completion_body(self, job: Job, req: CompletionRequest) -> dict:
         choices = []
@@ -41,9 +51,17 @@ class ResponseBuilder:
                 "choices": choices, "usage": job.usage()}
 
     def chat_body(self, job: Job, req: ChatCompletionRequest) -> dict:
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": self._chat_logprobs(c.logprobs or []) if req.logprobs else None,
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in job.final[0].outputs]
+        choices = []
+        for c in job.final[0].outputs:
+            parser = self._chat_parser(req)
+            message = {"role": "assistant", "content": c.text}
+            if parser is not None:
+                parser.feed(c.text, final=True)
+                message = parser.message()
+            choices.append({"index": c.index, "message": message,
+                            "logprobs": self._chat_logprobs(c.logprobs or []) if req.logprobs else None,
+                            "finish_reason": _chat_finish_reason(c.finish_reason, parser, req),
+                            "stop_reason": c.stop_reason})
         return {"id": job.request_id, "object": "chat.completion", "created": int(time.time()), "model": job.model,
                 "choices": choices, "usage": job.usage()}
 
@@ -72,6 +90,7 @@ class ResponseBuilder:
                 "model": job.model}
         frames = ChunkFrames(head, {"usage": None} if req.include_usage else {})
         states = [_ChoiceState() for _ in range(job.params.n)]
+        parsers = [self._chat_parser(req) for _ in range(job.params.n)]
         try:
             for index in range(job.params.n):
                 choice = {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -79,9 +98,16 @@ class ResponseBuilder:
                 yield frames.frame(choice)
             async for i, out in job.outputs():
                 for index, c, state, text, logprobs in self._deltas(job, i, out, states):
-                    choice = {"index": index, "delta": {"content": text} if text or logprobs else {},
+                    parser = parsers[index]
+                    if parser is None:
+                        delta = {"content": text} if text or logprobs else {}
+                    else:
+                        delta = _delta_fields(parser.feed(text, final=c.finished))
+                    finish = _finish_reason(c)
+                    choice = {"index": index, "delta": delta,
                               "logprobs": self._chat_logprobs(logprobs) if req.logprobs else None,
-                              "finish_reason": _finish_reason(c), "stop_reason": c.stop_reason}
+                              "finish_reason": finish and _chat_finish_reason(finish, parser, req),
+                              "stop_reason": c.stop_reason}
                     yield frames.frame(choice)
             async for frame in self._stream_end(job, req.include_usage, head):
                 yield frame
@@ -152,3 +178,23 @@ class ResponseBuilder:
 
 def _finish_reason(c: CompletionOutput) -> str | None:
     return c.finish_reason if c.finished else None
+
+
+def _delta_fields(delta: ChatDelta) -> dict:
+    fields: dict = {}
+    if delta.reasoning:
+        fields["reasoning_content"] = delta.reasoning
+    if delta.content:
+        fields["content"] = delta.content
+    if delta.tool_calls:
+        fields["tool_calls"] = delta.tool_calls
+    return fields
+
+
+def _chat_finish_reason(finish_reason: str | None, parser: ChatOutputParser | None,
+                        req: ChatCompletionRequest) -> str | None:
+    """OpenAI's "tool_calls" when the model chose to call tools (auto or required; a named function's call
+    was the request's, and ends as "stop")."""
+    if finish_reason == "stop" and parser is not None and parser.tool_calls and req.tool_mode in ("auto", "required"):
+        return "tool_calls"
+    return finish_reason

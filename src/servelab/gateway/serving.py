@@ -11,6 +11,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from servelab.gateway.admission import AdmissionControl
+from servelab.gateway.chat_tools import hermes_messages, template_reads_tools
+from servelab.gateway.grammar_check import GrammarChecker
 from servelab.engine.async_llm import AsyncLLM
 from servelab.gateway.config import ServerConfig
 from servelab.gateway.errors import (OpenAIError, RequestBodyTooLarge, bad_request, client_closed,
@@ -19,9 +21,11 @@ from servelab.gateway.job import CLIENT_CLOSED, ClientDisconnected, Job, Request
 from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from servelab.gateway.responses import ResponseBuilder
 from servelab.gateway.sse import SSEResponse
+from servelab.gateway.tokenize import detokenize, tokenize
 from servelab.core.engine_io import EngineCoreRequest
 from servelab.engine.input_processor import ContextLengthExceeded, PromptType
 from servelab.sampling_params import SamplingParams
+from servelab.structured_output import ll_tokenizer
 
 
 def _is_json(content_type: str) -> bool:
@@ -37,7 +41,10 @@ class OpenAIServing:
         self.tokenizer = engine.input_processor.tokenizer
         self.admission = admission
         self.config = config
-        self.responses = ResponseBuilder(self.tokenizer)
+        self.responses = ResponseBuilder(self.tokenizer, reasoning=config.reasoning_parser)
+        processor = self.input_processor
+        self.grammars = GrammarChecker(lambda: ll_tokenizer(self.tokenizer.to_json(), processor.limits.vocab_size,
+                                                            processor.eos_token_ids))
 
     # ---- endpoints
     async def create_completion(self, http: Request) -> Response:
@@ -47,6 +54,8 @@ class OpenAIServing:
             req.check_limits(self.config)
             model = self._model(req.model)
             params = req.sampling_params()
+            self._check_logit_bias(params)
+            await self.grammars.check(req.grammar_sources())
             explicit = req.max_tokens if "max_tokens" in req.model_fields_set else None
             requests = self._process(ctx, self._completion_prompts(req.prompt), params, explicit, "prompt")
             job = await self._start(ctx, model, requests, params, bool(req.stream))
@@ -64,6 +73,10 @@ class OpenAIServing:
             req.check_limits(self.config)
             model = self._model(req.model)
             params = req.sampling_params()
+            self._check_logit_bias(params)
+            tool_grammar = req.tool_grammar()
+            await self.grammars.check(req.grammar_sources() + req.function_schemas()
+                                 + ([tool_grammar] if tool_grammar and req.tool_mode == "required" else []))
             requests = self._process(ctx, [self._chat_prompt(req)], params, req.requested_max_tokens, "messages")
             job = await self._start(ctx, model, requests, params, bool(req.stream))
         except OpenAIError as exc:
@@ -72,6 +85,12 @@ class OpenAIServing:
         if req.stream:
             return SSEResponse(self.responses.chat_stream(job, req), on_close=lambda: job.close(completed=False))
         return await self._complete(job, lambda: self.responses.chat_body(job, req))
+
+    async def tokenize(self, http: Request) -> Response:
+        return JSONResponse(tokenize(self.tokenizer, await self._read_json(http), self.input_processor.limits.max_model_len))
+
+    async def detokenize(self, http: Request) -> Response:
+        return JSONResponse(detokenize(self.tokenizer, await self._read_json(http), self.input_processor.limits.vocab_size))
 
     # ---- request handling
     async def _read_json(self, http: Request):
@@ -108,11 +127,22 @@ class OpenAIServing:
             raise bad_request("prompt must not be empty", param="prompt")
         return list(prompt)
 
+    def _check_logit_bias(self, params: SamplingParams) -> None:
+        vocab_size = self.input_processor.limits.vocab_size
+        bad = [t for t in params.logit_bias or () if not 0 <= t < vocab_size]
+        if bad:
+            raise bad_request(f"logit_bias token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
+                              param="logit_bias")
+
     def _chat_prompt(self, req: ChatCompletionRequest) -> PromptType:
+        messages = req.template_messages()
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools and req.tool_choice != "none" else None
+        if not template_reads_tools(self.tokenizer.chat_template):
+            messages, tools = hermes_messages(messages, tools), None
         try:
-            text = self.tokenizer.apply_chat_template(req.template_messages(),
-                                                      add_generation_prompt=req.add_generation_prompt)
-        except (ValueError, jinja2.TemplateError) as exc:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt,
+                                                      tools=tools, **req.template_kwargs())
+        except (ValueError, TypeError, jinja2.TemplateError) as exc:
             raise bad_request(f"cannot apply the chat template: {exc}", param="messages") from exc
         return {"prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)}
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servelab.config import SpeculativeConfig
 from servelab.errors import FieldError
@@ -18,13 +19,17 @@ from servelab.lab.analysis.autoscaling import AutoscaleOutcome, AutoscaleSetting
 from servelab.lab.analysis.slo_attribution import attribute_slo_misses
 from servelab.lab.analysis.advisor import DEFAULT_MAX_GPUS, Advice, advise as advise_deployment
 from servelab.lab.analysis.decisions import simulated_autoscaling
+from servelab.lab.analysis.error_band import error_bands
 from servelab.lab.analysis.evaluate import Evaluation, Targets, evaluate
 from servelab.lab.analysis.sweep import parse_values, plot_sweep, run_sweep
-from servelab.lab.catalog import LOCAL_CPU, get_device, get_model
+from servelab.lab.catalog import LOCAL_CPU, get_device, get_model, gpu_ids
 from servelab.lab.catalog.calibration import DEFAULT_CALIBRATION, DEFAULT_ENGINE, load_calibration
 from servelab.lab.sim.deployment import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, Deployment
 from servelab.lab.sim.scaling import ScalingConfig
 from servelab.workload import WorkloadConfig, describe, generate_workload
+
+if TYPE_CHECKING:
+    from servelab.lab.analysis.frontier import Frontier
 
 DOES_NOT_FIT = 1
 
@@ -53,6 +58,7 @@ class DeploymentRequest:
     num_scheduler_steps: int = 1
     mixed_batches: bool = True
     quantization: str | None = None
+    kv_cache_dtype: str = "auto"
     first_token_from_decode: bool = False
     async_output: bool = False  # vLLM V0's asynchronous output processing: tokens reach the client a step later
     # the engine's --speculative-config (a JSON string or its dict), and the rate its drafts are accepted at
@@ -83,7 +89,7 @@ class DeploymentRequest:
             block_size=self.block_size, router=self.router, dtype=self.dtype or defaults[2],
             enable_prefix_caching=self.enable_prefix_caching, cuda_graphs=self.cuda_graphs,
             num_scheduler_steps=self.num_scheduler_steps, mixed_batches=self.mixed_batches,
-            quantization=self.quantization,
+            quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype,
             first_token_from_decode=self.first_token_from_decode, async_output=self.async_output,
             speculative=self._speculative(), **{"spec_acceptance_rate": self.spec_acceptance_rate, **extra},
         )
@@ -97,6 +103,13 @@ class DeploymentRequest:
         except ValueError as err:
             raise FieldError(f"{{speculative_config}}: {str(err).removeprefix('--speculative-config ')}",
                              "speculative_config") from None
+
+    def error_bands(self, e: Evaluation) -> dict | None:
+        """The bands of an evaluation of this deployment (None where it has none: a CPU profile, no fit)."""
+        if self.gpu == LOCAL_CPU or not e.fits:
+            return None
+        profile = load_calibration(self.calibration or DEFAULT_CALIBRATION)
+        return error_bands(profile, e.deployment.to_json(), e.meters, e.metrics, self.engine)
 
     def _calibrated_efficiency(self, device):
         try:
@@ -169,14 +182,32 @@ class SweepRequest:
 
 
 @dataclass(frozen=True)
+class FrontierRequest:
+    """The cost frontier over gpus (catalog ids) for the deployment's model and engine settings."""
+    gpus: tuple[str, ...] = ("h100", "h200", "a100-80gb", "mi300x")
+    deployment: DeploymentRequest = field(default_factory=DeploymentRequest)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    targets: TargetsRequest = field(default_factory=TargetsRequest)
+    max_gpus: int = 16
+    max_num_seqs: tuple[int, ...] = (64, 256)
+    latency_metric: str = "p99_ttft_ms"
+    prices_file: Path | None = None  # replaces the shipped prices
+    prices: tuple[tuple[str, float], ...] = ()  # (gpu, usd per GPU-hour) overrides
+
+
+@dataclass(frozen=True)
 class SimulateResult:
     evaluation: Evaluation
     workload: WorkloadConfig
     autoscaling: AutoscaleOutcome | None = None
     slo_misses: dict | None = None
+    engine: str = DEFAULT_ENGINE
+    error_bands: dict | None = None  # analysis/error_band.py; None: a measured CPU profile, or it does not fit
 
     def to_json(self) -> dict:
-        out = {**self.evaluation.to_json(), "workload": workload_json(self.workload)}
+        out = {**self.evaluation.to_json(), "workload": workload_json(self.workload), "engine": self.engine}
+        if self.error_bands is not None:
+            out["error_bands"] = self.error_bands
         if self.autoscaling is not None:
             out["autoscaling"] = self.autoscaling.to_json()
         if self.slo_misses is not None:
@@ -189,9 +220,14 @@ class AdviseResult:
     advice: Advice
     workload: WorkloadConfig
     targets: Targets
+    engine: str = DEFAULT_ENGINE
+    error_bands: dict | None = None  # the recommendation's
 
     def to_json(self) -> dict:
-        return {**self.advice.to_json(), "workload": workload_json(self.workload)}
+        out = {**self.advice.to_json(), "workload": workload_json(self.workload), "engine": self.engine}
+        if self.error_bands is not None:
+            out["error_bands"] = self.error_bands
+        return out
 
 
 @dataclass(frozen=True)
@@ -220,7 +256,8 @@ def simulate(request: SimulateRequest) -> SimulateResult:
     misses = None
     if request.slo_attribution and e.fits:
         misses = attribute_slo_misses(e.result, targets.ttft_ms, targets.tpot_ms)
-    return SimulateResult(e, request.workload, outcome, misses)
+    return SimulateResult(e, request.workload, outcome, misses, request.deployment.engine,
+                          request.deployment.error_bands(e))
 
 
 def advise(request: AdviseRequest) -> AdviseResult:
@@ -238,7 +275,8 @@ def advise(request: AdviseRequest) -> AdviseResult:
         outcome = evaluate_autoscaling(rec.deployment, workload, targets, request.autoscale.build())
         if outcome.scaled.fits:
             advice = advice.with_decision(simulated_autoscaling(outcome))
-    return AdviseResult(advice, request.workload, targets)
+    bands = request.deployment.error_bands(advice.recommendation) if advice.recommendation is not None else None
+    return AdviseResult(advice, request.workload, targets, request.deployment.engine, bands)
 
 
 def sweep(request: SweepRequest) -> SweepResult:
@@ -249,12 +287,57 @@ def sweep(request: SweepRequest) -> SweepResult:
     return SweepResult(points, plot_sweep(points, request.vary, request.meter, request.output, title), title)
 
 
+@dataclass(frozen=True)
+class FrontierResult:
+    frontier: "Frontier"
+    workload: WorkloadConfig
+
+    def to_json(self) -> dict:
+        return {**self.frontier.to_json(), "workload": workload_json(self.workload)}
+
+
+def frontier(request: FrontierRequest) -> FrontierResult:
+    """Every shape of up to max_gpus GPUs of each type (GPU counts in powers of two) x max_num_seqs, priced."""
+    from servelab.lab.analysis.frontier import DEFAULT_GPU_COUNTS, LATENCY_METRICS, search
+    from servelab.lab.catalog.prices import load_prices
+
+    targets = request.targets.build()
+    check = [(targets.ttft_ms is not None, "the frontier needs {ttft_target_ms} (and optionally {tpot_target_ms})",
+              ("ttft_target_ms", "tpot_target_ms")),
+             (request.max_gpus >= 1, f"{{max_gpus}} must be >= 1, got {request.max_gpus}", ("max_gpus",)),
+             (bool(request.gpus), "{gpus} is empty", ("gpus",)),
+             (all(n >= 1 for n in request.max_num_seqs) and bool(request.max_num_seqs),
+              "{max_num_seqs} must be positive integers", ("max_num_seqs",)),
+             (request.latency_metric in LATENCY_METRICS,
+              f"{{latency_metric}} must be one of {', '.join(LATENCY_METRICS)}", ("latency_metric",))]
+    for ok, template, fields in check:
+        if not ok:
+            raise FieldError(template, *fields)
+    unknown = [g for g in request.gpus if g not in gpu_ids()]
+    if unknown:
+        raise FieldError(f"{{gpus}}: unknown GPU {unknown[0]!r}; choose from {', '.join(gpu_ids())}", "gpus")
+    prices = load_prices(request.prices_file, dict(request.prices))
+    bases, skipped = {}, {}
+    for gpu in dict.fromkeys(request.gpus):
+        try:
+            bases[gpu] = replace(request.deployment, gpu=gpu, num_gpus=None, tp=1, disaggregate=None).build()
+        except FieldError as err:
+            skipped[gpu] = str(err)
+    counts = tuple(n for n in DEFAULT_GPU_COUNTS if n <= request.max_gpus) or (request.max_gpus,)
+    workload = generate_workload(request.workload)
+    return FrontierResult(search(bases, prices, workload, targets, counts, request.max_num_seqs,
+                                 request.latency_metric, skipped), request.workload)
+
+
 def workload_json(config: WorkloadConfig) -> dict:
     out = dict(config.__dict__)
     if config.rate_schedule is None:  # answers without a schedule keep their keys
         del out["rate_schedule"]
     if not config.shares_prefixes:  # keys of the prefix-shared dataset only
         del out["prefix_len"], out["num_prefixes"]
+    if config.trace is None:  # keys of a replayed trace only
+        for key in ("trace", "trace_format", "time_scale", "max_requests", "sample"):
+            del out[key]
     out["request_rate"] = "inf" if math.isinf(config.request_rate) else config.request_rate
     return out
 

@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 
 from servelab.config import SCHEDULE_POLICIES
+from servelab.executor.efficiency import ENGINES
 from servelab.errors import FieldError
 from servelab.lab.api import DeploymentRequest, TargetsRequest
 from servelab.lab.catalog import LOCAL_CPU, gpu_ids, model_ids
 from servelab.lab.sim.deployment import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, ROUTERS
+from servelab.specs import KV_CACHE_DTYPES
+from servelab.trace_formats import add_trace_args, trace_fields
 from servelab.workload import DATASETS, WorkloadConfig
 
 # API field -> flag, where the flag is not the field with dashes
@@ -51,14 +54,19 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=DeploymentRequest.model,
                    help=f"catalog id ({', '.join(model_ids())}) or a Hugging Face config.json path")
     p.add_argument("--gpu", default=DeploymentRequest.gpu, help=f"catalog id ({', '.join(gpu_ids())}) or {LOCAL_CPU}")
-    p.add_argument("--dtype", default=None, help="bfloat16 (default on GPUs), float16, float32 or fp8")
+    p.add_argument("--dtype", default=None,
+                   help="bfloat16 (default on GPUs), float16, float32, fp8 (W8A8 checkpoint: fp8 GEMMs where the GPU "
+                        "has them) or fp4 (NVFP4: fp4 GEMMs on Blackwell)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                   help="auto: the activations' dtype; fp8 halves a bf16 cache (vLLM --kv-cache-dtype)")
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--calibration", default=None, metavar="NAME",
                    help="fitted GPU constants (`servelab lab calibrate --save NAME`); default: the shipped 'public'")
-    p.add_argument("--engine", default=DeploymentRequest.engine,
-                   help="serving stack whose overheads apply (the public calibration has vllm, sglang, tensorrt-llm)")
+    p.add_argument("--engine", default=DeploymentRequest.engine, choices=ENGINES,
+                   help="serving stack and version whose overheads apply: vllm (V1, the default), vllm-v0, sglang, "
+                        "tensorrt-llm (1.x), lmdeploy")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="launch every kernel of every step (vLLM --enforce-eager)")
     p.add_argument("--num-scheduler-steps", type=int, default=DeploymentRequest.num_scheduler_steps,
@@ -105,6 +113,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
                         "steps:0=2,600=8,1200=2,1800=2 | ramp:0=1,900=20,1800=1 | "
                         "diurnal:mean=10,peak=18,hours=24 | trace:FILE (arrival seconds, one per line)")
     p.add_argument("--seed", type=int, default=WorkloadConfig.seed)
+    add_trace_args(p)
     p.add_argument("--ttft-target", type=duration_ms, default=None, metavar="DURATION", help="e.g. 500ms or 0.5s")
     p.add_argument("--tpot-target", type=duration_ms, default=None, metavar="DURATION", help="e.g. 50ms")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -154,6 +163,24 @@ def autoscale_request(args: argparse.Namespace):
                             target_waiting=args.target_waiting, target_kv_usage=args.target_kv_usage)
 
 
+def _add_frontier_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("cost frontier", "search GPU type x GPU count x TP x P:D split x max batch and price it")
+    g.add_argument("--pareto", action="store_true",
+                   help="print the cheapest configuration meeting the targets and the Pareto frontiers "
+                        "(tokens/s per GPU vs latency; $ per million tokens vs SLO attainment)")
+    g.add_argument("--gpus", default="h100,h200,a100-80gb,mi300x", help="comma-separated catalog GPU ids")
+    g.add_argument("--price", action="append", default=[], metavar="GPU=USD",
+                   help="override a GPU's $/GPU-hour (repeatable), e.g. h100=2.49")
+    g.add_argument("--prices", type=Path, default=None, metavar="FILE",
+                   help="a JSON price list like lab/catalog/data/prices.json, replacing the shipped one")
+    g.add_argument("--max-num-seqs-grid", default="64,256", metavar="N,N", help="max batch sizes searched")
+    g.add_argument("--latency-metric", default="p99_ttft_ms",
+                   help="the throughput frontier's latency axis: p99_ttft_ms, p99_tpot_ms, median_ttft_ms, ...")
+    g.add_argument("--frontier-max-gpus", type=int, default=16, metavar="N",
+                   help="largest deployment searched (GPU counts 1, 2, 4, ... up to N)")
+    g.add_argument("--plot", type=Path, default=None, metavar="PNG", help="draw both frontiers to this file")
+
+
 def _add_lab_commands(sub) -> None:
     sim = sub.add_parser("simulate", help="simulate one deployment and print its meters")
     for add in (_add_model_args, _add_deployment_args, _add_engine_args, _add_workload_args):
@@ -175,17 +202,19 @@ def _add_lab_commands(sub) -> None:
     adv.add_argument("--max-num-batched-tokens", type=int, default=None)
     adv.add_argument("--block-size", type=int, default=16)
     _add_autoscale_args(adv)
+    _add_frontier_args(adv)
     adv.set_defaults(func=_handler("cmd_advise"), num_gpus=None, tp=1, schedule="continuous", disaggregate=None)
 
     swp = sub.add_parser("sweep", help="plot a meter against a workload or deployment input (PNG)")
     for add in (_add_model_args, _add_deployment_args, _add_engine_args, _add_workload_args):
         add(swp)
-    swp.add_argument("--vary", required=True, help="request-rate, input-len, output-len, burstiness, num-gpus, "
+    swp.add_argument("--vary", default=None, help="request-rate, input-len, output-len, burstiness, num-gpus, "
                      "tp, max-num-seqs or max-num-batched-tokens")
-    swp.add_argument("--values", required=True, help="comma-separated, e.g. 1,2,4,8,16")
+    swp.add_argument("--values", default=None, help="comma-separated, e.g. 1,2,4,8,16")
     swp.add_argument("--meter", default="p99_ttft_ms",
                      help="a metric key (p99_ttft_ms, output_throughput, ...) or meter.field (kv_cache.peak_usage)")
     swp.add_argument("--output", type=Path, default=Path("lab-sweep.png"), help="PNG path")
+    _add_frontier_args(swp)
     swp.set_defaults(func=_handler("cmd_sweep"))
 
     from servelab.lab.calibrate.profile_run import add_profile_parser
@@ -210,6 +239,7 @@ def deployment_request(args: argparse.Namespace) -> DeploymentRequest:
         enable_prefix_caching=getattr(args, "enable_prefix_caching", True),
         calibration=args.calibration, engine=args.engine, cuda_graphs=args.cuda_graphs,
         num_scheduler_steps=args.num_scheduler_steps, mixed_batches=args.mixed_batches,
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
         speculative_config=args.speculative_config, spec_acceptance_rate=args.spec_acceptance_rate)
 
 
@@ -217,7 +247,7 @@ def workload_config(args: argparse.Namespace) -> WorkloadConfig:
     return WorkloadConfig(dataset=args.dataset, num_prompts=args.num_prompts, input_len=args.input_len,
                           output_len=args.output_len, range_ratio=args.range_ratio, request_rate=args.request_rate,
                           burstiness=args.burstiness, seed=args.seed, rate_schedule=args.rate_schedule,
-                          prefix_len=args.prefix_len, num_prefixes=args.num_prefixes)
+                          prefix_len=args.prefix_len, num_prefixes=args.num_prefixes, **trace_fields(args))
 
 
 def targets_request(args: argparse.Namespace) -> TargetsRequest:
@@ -241,8 +271,25 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0 if result.evaluation.fits else api.DOES_NOT_FIT
 
 
+BANDED = (("TTFT p50", "median_ttft_ms", "ms"), ("TPOT p50", "median_tpot_ms", "ms"),
+          ("output throughput", "output_throughput", "tok/s"))
+
+
+def format_error_bands(engine: str, bands: dict | None) -> list[str]:
+    """`TTFT p50 182 ms (±20%: FP8, TP1, low load; 14 points)` for the headline figures."""
+    if bands is None:
+        return []
+    lines = [f"engine {engine}; error bands from the calibration's leave-one-source-out errors, nearest regime:"]
+    for label, key, unit in BANDED:
+        b = bands["metrics"].get(key)
+        if b is not None:
+            lines.append(f"  {label} {bands['values'][key]:,.{0 if unit == 'tok/s' else 1}f} {unit} ({b['text']})")
+    return lines
+
+
 def format_extras(result) -> list[str]:
-    lines = []
+    lines = format_error_bands(result.engine, result.error_bands and {
+        **result.error_bands, "values": result.evaluation.metrics})
     if result.autoscaling is not None:
         a = result.autoscaling.to_json()
         lines.append(f"autoscaling: {a['decision']}")
@@ -257,9 +304,51 @@ def format_extras(result) -> list[str]:
     return lines
 
 
+def frontier_request(args: argparse.Namespace):
+    from servelab.lab import api
+    from servelab.lab.catalog.prices import parse_price_overrides
+    try:
+        seqs = tuple(int(v) for v in args.max_num_seqs_grid.split(",") if v.strip())
+    except ValueError:
+        raise FieldError(f"{{max_num_seqs}} must be comma-separated integers, got {args.max_num_seqs_grid!r}",
+                         "max_num_seqs") from None
+    return api.FrontierRequest(
+        gpus=tuple(g.strip() for g in args.gpus.split(",") if g.strip()), deployment=deployment_request(args),
+        workload=workload_config(args), targets=targets_request(args), max_gpus=args.frontier_max_gpus,
+        max_num_seqs=seqs, latency_metric=args.latency_metric, prices_file=args.prices,
+        prices=tuple(parse_price_overrides(args.price).items()))
+
+
+def cmd_frontier(args: argparse.Namespace, all_points: bool) -> int:
+    from servelab.lab import api
+    from servelab.lab.analysis.frontier_report import format_frontier, plot_frontier
+    from servelab.workload import describe
+
+    request = frontier_request(args)
+    answer = api.frontier(request)
+    result = answer.frontier
+    plot = None
+    if args.plot is not None:
+        plot = plot_frontier(result, args.plot, f"{request.deployment.model}: {describe(request.workload)}")
+    if args.json:
+        sys.stdout.write(api.format_json({**answer.to_json(), **({"plot": str(plot)} if plot else {})}))
+    else:
+        t = request.targets
+        print(f"{request.deployment.model}, workload: {describe(request.workload)}; targets: p99 TTFT <= "
+              f"{t.ttft_target_ms:g} ms" + (f", p99 TPOT <= {t.tpot_target_ms:g} ms" if t.tpot_target_ms else ""))
+        for line in format_frontier(result, all_points):
+            print(line)
+        if plot:
+            print(f"plot: {plot}")
+    return 0 if result.cheapest else api.DOES_NOT_FIT
+
+
 def cmd_advise(args: argparse.Namespace) -> int:
     from servelab.lab import api
     from servelab.workload import describe
+
+    if args.pareto:
+        return cmd_frontier(args, all_points=False)
 
     result = api.advise(api.AdviseRequest(deployment_request(args), workload_config(args), targets_request(args),
                                           max_gpus=args.max_gpus, autoscale=autoscale_request(args)))
@@ -278,6 +367,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
     print(f"recommended: {rec.deployment.describe()}")
     print(f"  p99 TTFT {m['p99_ttft_ms']:,.1f} ms, p99 TPOT {m['p99_tpot_ms']:.1f} ms, "
           f"{m['output_throughput']:,.0f} output tok/s ({len(advice.candidates)} shapes simulated)")
+    for line in format_error_bands(result.engine, result.error_bands and {**result.error_bands, "values": m}):
+        print(f"  {line}")
     width = max(len(d["decision"]) for d in advice.decisions)
     for d in advice.decisions:
         print(f"  {d['decision']:<{width}}  {'taken    ' if d['taken'] else 'not taken'}  {d['why']}")
@@ -286,6 +377,11 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from servelab.lab import api
+
+    if args.pareto:
+        return cmd_frontier(args, all_points=True)
+    if args.vary is None or args.values is None:
+        raise ValueError("sweep needs --vary and --values, or --pareto")
 
     result = api.sweep(api.SweepRequest(args.vary, args.values, deployment_request(args), workload_config(args),
                                         targets_request(args), meter=args.meter, output=args.output))

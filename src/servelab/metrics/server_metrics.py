@@ -129,6 +129,9 @@ class ServerMetrics:
         self.kv_cache_num_blocks = gauge("kv_cache_num_blocks", "KV cache pool size in blocks.", engine)
         self.kv_cache_num_free_blocks = gauge("kv_cache_num_free_blocks", "Free KV cache blocks.", engine)
         self.weight_bytes = gauge("weight_bytes", "Model weight bytes held per device.", ["device"])
+        self.quantization_info = gauge("quantization_info",
+                                       "The weights' and KV cache's quantization the engine runs, and why (value 1).",
+                                       ["mode", "kv_cache_dtype", "reason"])
         # disaggregated prefill/decode: labelled by the sending (prefill) engine
         self.kv_transfer_bytes = counter("kv_transfer_bytes", "KV cache bytes sent to decode instances.", engine)
         self.kv_transfer_failures = counter("kv_transfer_failures", "KV transfers that failed.", engine)
@@ -166,6 +169,9 @@ class ServerMetrics:
             self.weight_bytes.labels(m, device_name).set(value)
         # (engine index, field of EngineState) -> the running total already added to its counter
         self._totals_seen: dict[tuple[int, str], int] = {}
+
+    def set_quantization(self, mode: str, kv_cache_dtype: str, reason: str) -> None:
+        self.quantization_info.labels(self.model_name, mode, kv_cache_dtype, reason).set(1)
 
     # ---- recording (called from the metrics recorder thread, never the engine's)
     def record_state(self, s: EngineState, engine_index: int = 0) -> None:

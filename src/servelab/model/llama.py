@@ -307,6 +307,29 @@ class LlamaForCausalLM(nn.Module):
             linear.quantize_int8(None if absmax is None else smoothing_factors(absmax, linear.weight, alpha))
         self._w8a8_layers = self._gather_w8a8_layers()
 
+    def int8_state(self) -> dict[str, torch.Tensor]:
+        """Every int8 matrix's tensors by name ("layers.3.down_proj.qweight", ...), as load_int8 takes them."""
+        state = {}
+        for name, linear in self.named_linear_layers().items():
+            w = linear.quantized
+            state |= {f"{name}.qweight": w.qweight, f"{name}.scale": w.scale}
+            if w.inv_smooth is not None:
+                state[f"{name}.inv_smooth"] = w.inv_smooth
+        return state
+
+    def load_int8(self, state: dict[str, torch.Tensor]) -> bool:
+        """quantize_int8's result from int8_state's tensors; False (nothing changed) when a matrix is missing or
+        has another shape."""
+        layers = self.named_linear_layers()
+        if any(f"{name}.qweight" not in state or tuple(state[f"{name}.qweight"].shape) != tuple(linear.weight.shape)
+               for name, linear in layers.items()):
+            return False
+        for name, linear in layers.items():
+            linear._set_quantized(Int8Weight(state[f"{name}.qweight"], state[f"{name}.scale"],
+                                             state.get(f"{name}.inv_smooth")))
+        self._w8a8_layers = self._gather_w8a8_layers()
+        return True
+
     def _gather_w8a8_layers(self) -> list[list[torch.Tensor]] | None:
         """Every layer's norms and int8 matrices as ops.w8a8_decode_layers takes them, where a decode-only step can
         run all layers in one C++ call: servelab's ops, one rank, every layer W8A8."""

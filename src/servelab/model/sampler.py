@@ -115,14 +115,50 @@ def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 
 
 def plain_greedy(rows: list[SamplingRow]) -> bool:
-    """Every row takes its logits' argmax and nothing else (no temperature, penalties or logprobs): its token is
-    all a step needs from the logits (ModelExecutor then asks the model for argmaxes, where it has them cheaper)."""
-    return all(r.params.temperature < 1e-5 and r.params.logprobs is None and not r.params.needs_penalties for r in rows)
+    """Every row takes its logits' argmax and nothing else (no temperature, penalties, logprobs, logit bias or
+    grammar): its token is all a step needs from the logits (ModelExecutor then asks the model for argmaxes,
+    where it has them cheaper)."""
+    return all(r.params.temperature < 1e-5 and r.params.logprobs is None and not r.params.needs_penalties
+               and not r.params.shapes_logits for r in rows)
+
+
+def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(num_rows, vocab_size) bool from an int32 bitmask (num_rows, ceil(vocab / 32)): bit t of a row allows
+    token t (llguidance's and xgrammar's layout)."""
+    if bitmask.device.type == "cpu":
+        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
+        return torch.from_numpy(bits[:, :vocab_size]).bool()
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.flatten(1)[:, :vocab_size].bool()
+
+
+def shape_logits_(logits: torch.Tensor, rows: list[SamplingRow], grammar_bitmask: torch.Tensor | None) -> None:
+    """In place on float32 logits: add each row's logit bias, then forbid the tokens its grammar does not
+    allow. grammar_bitmask has one row per logits row (all bits set where a row has no grammar)."""
+    for i, r in enumerate(rows):
+        if r.params.logit_bias:
+            ids = torch.tensor(list(r.params.logit_bias), dtype=torch.long, device=logits.device)
+            logits[i].index_add_(0, ids, torch.tensor(list(r.params.logit_bias.values()), dtype=logits.dtype,
+                                                      device=logits.device))
+    if grammar_bitmask is None:
+        return
+    constrained = [i for i, r in enumerate(rows) if r.params.structured_outputs is not None]
+    if not constrained:
+        return
+    idx = _index(constrained, logits.shape[0], logits.device)
+    allowed = allowed_tokens(_take(grammar_bitmask, idx), logits.shape[1])
+    if idx is None:
+        logits.masked_fill_(~allowed, float("-inf"))
+    else:
+        logits.index_copy_(0, idx, logits.index_select(0, idx).masked_fill_(~allowed, float("-inf")))
 
 
 class Sampler:
-    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
-        """logits (num_rows, vocab) in the model dtype; one SampledToken per row, in order."""
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow],
+                 grammar_bitmask: torch.Tensor | None = None) -> list[SampledToken]:
+        """logits (num_rows, vocab) in the model dtype; one SampledToken per row, in order. grammar_bitmask
+        (num_rows, ceil(vocab / 32)) int32, when some rows follow a grammar: their allowed next tokens."""
         params = [r.params for r in rows]
         if plain_greedy(rows):
             return [SampledToken(t) for t in _argmax(logits).tolist()]
@@ -132,6 +168,11 @@ class Sampler:
         logits = logits.to(torch.float32, memory_format=torch.contiguous_format, copy=needs_penalties)
         if needs_penalties:
             apply_penalties_(logits, rows)
+        model_logits = logits
+        if any(p.shapes_logits for p in params):
+            # Logprobs describe the model (with its penalties); the bias and the grammar only steer the draw.
+            logits = logits.clone()
+            shape_logits_(logits, rows, grammar_bitmask)
 
         token_ids = torch.empty(num_rows, dtype=torch.long, device=device)
         greedy_rows = [i for i, p in enumerate(params) if p.greedy]
@@ -144,7 +185,7 @@ class Sampler:
         logprob_rows = [i for i, p in enumerate(params) if p.logprobs is not None]
         if not logprob_rows:
             return [SampledToken(t) for t in token_ids.tolist()]
-        return self._with_logprobs(logits, token_ids, params, logprob_rows)
+        return self._with_logprobs(model_logits, token_ids, params, logprob_rows)
 
     def _sample(self, logits: torch.Tensor, rows: list[SamplingRow], random_rows: list[int]) -> torch.Tensor:
         device = logits.device

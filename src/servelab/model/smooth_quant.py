@@ -10,7 +10,8 @@ and multiplies column j of the weight by it, so the product is unchanged and the
 between activations and weights. max|X_j| is measured once, at load, on a short calibration text
 (data/int8_calibration.txt: the first chapter of Jane Austen's Pride and Prejudice, 1813, and the
 opening of Lewis Carroll's Alice's Adventures in Wonderland, 1865; both public domain, typed in, so
-punctuation may differ from Project Gutenberg's editions #1342 and #11), never on the perplexity text.
+punctuation may differ from Project Gutenberg's editions #1342 and #11), never on the perplexity text. The
+statistics and the int8 weights are cached by the model's content hash (quant_cache.py).
 
 Production stacks fold 1 / s into the preceding RMSNorm's weight; servelab multiplies it into the
 activations inside the quantizing pass instead (kernels/int8_rows.cpp), where it costs one multiply
@@ -26,6 +27,8 @@ CALIBRATION_TEXT = Path(__file__).parent / "data" / "int8_calibration.txt"
 # Migration strength. The paper and llm-compressor default to 0.5; on SmolLM2-135M a sweep of 0.4-0.75
 # put the least perplexity at 0.6-0.65, on the perplexity text and on the calibration text alike (README).
 SMOOTHQUANT_ALPHA = 0.6
+# The calibration text is prefilled in chunks this long, each from position 0, over a KV cache of its own.
+CALIBRATION_CHUNK_TOKENS = 512
 _MIN = 1e-5
 
 

@@ -130,6 +130,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json text (llguidance builds its token trie from it)."""
+        return self._backend.to_str()
+
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
         return [self._backend.id_to_token(i) for i in ids]
 

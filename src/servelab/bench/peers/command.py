@@ -41,10 +41,10 @@ def add_parser(sub) -> None:
     p.add_argument("--build-jobs", type=int, default=None, help="parallel compile jobs (default: cores, at most 8)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads of every peer (llama.cpp -t/-tb, "
                    "servelab --num-threads, torch for HF and the roofline); default: every core")
-    p.add_argument("--quantization", default="none,gguf,int8",
-                   help="servelab's --quantization modes to run, comma-separated from none,gguf,int8, each "
-                        "optionally with +kv-int8 (run with --kv-cache-dtype int8, e.g. int8+kv-int8) "
-                        "(none: servelab serve's defaults)")
+    p.add_argument("--quantization", default="default,none,gguf,int8",
+                   help="servelab's --quantization modes to run, comma-separated from default,none,gguf,int8, "
+                        "each optionally with +kv-int8 (run with --kv-cache-dtype int8, e.g. int8+kv-int8) "
+                        "(default: servelab serve with no flags, i.e. --quantization auto)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-timeout", type=float, default=600.0, help="seconds a server may take to start")
     p.add_argument("--disable-tqdm", action="store_true")
@@ -65,16 +65,18 @@ KV_INT8_SUFFIX = "+kv-int8"  # a mode run with --kv-cache-dtype int8, e.g. int8+
 
 
 def parse_quantization(text: str) -> list[tuple[str | None, str]]:
-    """Modes as (--quantization or None, --kv-cache-dtype): none, gguf, int8, each optionally + kv-int8."""
+    """Modes as (--quantization or None, --kv-cache-dtype): default (no flags: "auto"), none, gguf, int8, each
+    optionally + kv-int8."""
     from servelab.config import QUANTIZATION_METHODS
 
     modes = [s.strip() for s in text.split(",") if s.strip()]
     parsed = [(m.removesuffix(KV_INT8_SUFFIX), "int8" if m.endswith(KV_INT8_SUFFIX) else "auto") for m in modes]
-    unknown = [m for m, (q, _) in zip(modes, parsed) if q != "none" and q not in QUANTIZATION_METHODS]
+    unknown = [m for m, (q, _) in zip(modes, parsed) if q not in ("default", "none", *QUANTIZATION_METHODS)]
     if not modes or unknown:
-        raise ValueError(f"--quantization takes a comma-separated list from none, {', '.join(QUANTIZATION_METHODS)}, "
-                         f"each optionally with {KV_INT8_SUFFIX} (--kv-cache-dtype int8), got {text!r}")
-    return [(None if q == "none" else q, kv) for q, kv in parsed]
+        raise ValueError(f"--quantization takes a comma-separated list from default, none, "
+                         f"{', '.join(QUANTIZATION_METHODS)}, each optionally with {KV_INT8_SUFFIX} "
+                         f"(--kv-cache-dtype int8), got {text!r}")
+    return [({"none": None, "default": "auto"}.get(q, q), kv) for q, kv in parsed]
 
 
 def result_name(name: str | None) -> str:

@@ -60,7 +60,8 @@ def run_llama_cpp(args, tools, work: Workloads, tokenizer, log_dir: Path, thread
 
 
 def quantization_label(quantization: str | None, kv_cache_dtype: str = "auto") -> str:
-    flags = ([] if quantization is None else [f"--quantization {quantization}"]) + (
+    """quantization None is `--quantization none`; "auto" is servelab's default."""
+    flags = ([] if quantization == "auto" else [f"--quantization {quantization or 'none'}"]) + (
         [] if kv_cache_dtype == "auto" else [f"--kv-cache-dtype {kv_cache_dtype}"])
     return ", ".join(flags) or "default flags"
 
@@ -74,8 +75,8 @@ def run_servelab_online(args, work: Workloads, tokenizer, log_dir: Path, quantiz
     flags = ["--log-level", "warning"]  # otherwise servelab serve's defaults
     if args.threads:
         flags += ["--num-threads", str(args.threads)]
-    if quantization is not None:
-        flags += ["--quantization", quantization]
+    if quantization != "auto":
+        flags += ["--quantization", quantization or "none"]
     if kv_cache_dtype != "auto":
         flags += ["--kv-cache-dtype", kv_cache_dtype]
     for kind in ("burst", "poisson"):
@@ -140,9 +141,10 @@ def run_servelab_offline(args, work: Workloads, quantization: str | None, kv_cac
     # LLM()'s defaults
     engine = LLMEngine.from_engine_args(EngineArgs(num_threads=args.threads, quantization=quantization,
                                                    kv_cache_dtype=kv_cache_dtype))
-    dtype = engine.config.dtype
-    if quantization is not None or kv_cache_dtype != "auto":
-        dtype = f"{dtype}, {quantization_label(quantization, kv_cache_dtype)}"
+    dtype = f"{engine.config.dtype}, {quantization_label(quantization, kv_cache_dtype)}"
+    if quantization == "auto":
+        choice = engine.quantization_choice
+        dtype += f" (auto: {choice.mode}, KV {choice.kv_cache_dtype})"
     generate_offline(engine, [dataclasses.replace(r, output_len=4) for r in work.offline[:2]], "peers-warmup")
     elapsed = generate_offline(engine, work.offline, "peers-offline")
     offline = {"workload": work.labels["offline"], "kind": "offline", "peer": "servelab", "engine": "servelab",

@@ -5,8 +5,8 @@ Levenberg-Marquardt in log space of each constant, clipped to its physical bound
 pull towards the prior (GPU_EFFICIENCY; ENGINE_PRIORS for an engine's own overheads) so that a constant the
 data cannot see stays where physics puts it. Every residual is a full simulation, so the Jacobian
 re-simulates only the targets a constant can move (a GPU's constants move its points, an engine's its
-points). k-fold cross-validation refits without each fold, starting from the full fit, and predicts the
-fold: the held-out error of every point.
+points). Cross-validation (leave one source out, each fold from the priors) is
+servelab.lab.calibrate.cross_validation.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from servelab.executor.efficiency import GPU_EFFICIENCY
+from servelab.executor.efficiency import ENGINE_PRIORS, GPU_EFFICIENCY
 from servelab.lab.calibrate.target_simulation import simulate_target, stable_cap
 from servelab.lab.calibrate.targets import Target
 from servelab.lab.catalog.calibration import BOUNDS, CalibrationProfile, link_kind
@@ -62,13 +62,6 @@ def depends(key: str, target: Target) -> bool:
     return target.engine == rest[0]
 
 
-# An engine's priors where GPU_EFFICIENCY's (vLLM V1's few hundred microseconds a step and microseconds a
-# request) do not describe the versions its reference points ran. Every vLLM point ran V0 (0.6.x), whose CPU
-# work between two steps (scheduling, input preparation, sampling metadata, output processing) grows with the
-# batch: "5-13 ms of GPU bubble" a decode step, ~4 ms in its traces (vLLM RFC #6854, multi-step scheduling,
-# 2024-07), and "when BS is 200, all this together can be 20 ms" (vLLM RFC #6801, comment of 2024-08-08):
-# ~4 ms a pass plus (20 - 4) ms / 200 = 80 us a scheduled request. Priors, not values: the fit moves them.
-ENGINE_PRIORS = {"vllm": {"step_overhead_s": 4e-3, "request_overhead_s": 80e-6}}
 
 
 def prior(key: str) -> float:
@@ -88,34 +81,13 @@ def start_value(start: dict[str, float], key: str) -> float:
     return start.get(f"constants.{key.rsplit('.', 1)[1]}", prior(key))
 
 
-def quantized_only_gpus(targets: list[Target]) -> frozenset[str]:
-    """GPUs whose every point runs a weight-only quantized checkpoint (the A10s of the Mooncake runs: GPTQ
-    int4, dequantized inside vLLM's GEMM kernels). Their fitted constants carry those kernels' efficiency
-    along with the chip's, and the data cannot tell the two apart (no point has the same GPU both ways), so
-    they are left out of what stands for GPUs without data (gpus.default)."""
-    dense = {t.gpu for t in targets if not t.deployment.quantization}
-    return frozenset(t.gpu for t in targets if t.gpu not in dense)
-
-
-def with_gpu_defaults(values: dict[str, float], leave_out: frozenset[str] = frozenset()) -> dict[str, float]:
-    """Adds gpus.default.<field>: the geometric mean over the fitted GPUs but those left out, for GPUs with
-    no data."""
-    out = {k: v for k, v in values.items() if not k.startswith("gpus.default.")}
-    for name in GPU_FIELDS:
-        fitted = [v for k, v in out.items() if k.startswith("gpus.") and k.endswith(f".{name}")
-                  and k.split(".")[1] not in leave_out]
-        if fitted:
-            out[f"gpus.default.{name}"] = float(math.exp(sum(map(math.log, fitted)) / len(fitted)))
-    return out
-
-
 @dataclass
 class FitResult:
     values: dict[str, float]
     cost: float
     iterations: int
     keys: list[str]
-    jacobian: np.ndarray  # d log(simulated) / d log(constant) at the fit, one row per target
+    jacobian: np.ndarray  # d log(simulated) / d log(constant) near the fit (Broyden-updated), one row per target
     caps: dict[str, int | None]  # requests simulated per target id while fitting (None: all)
     log: list[str] = field(default_factory=list)
 
@@ -150,9 +122,10 @@ class _Problem:
 def fit(targets: list[Target], start: dict[str, float] | None = None, keys: list[str] | None = None,
         iterations: int = 8, num_prompts: int | None = 300, progress: Callable[[str], None] = lambda s: None,
         fixed: dict[str, float] | None = None, jacobian: np.ndarray | None = None,
-        caps: dict[str, int | None] | None = None) -> FitResult:
-    """jacobian: reuse this one (rows: targets, columns: keys) instead of differencing at every iteration.
-    num_prompts: the fewest requests a target is simulated with while fitting, raised per target until its
+        caps: dict[str, int | None] | None = None, redifference: bool = True) -> FitResult:
+    """jacobian: the first Jacobian (rows: targets, columns: keys), differenced at `start` by the caller;
+    Broyden's secants update it. redifference False: never difference it again (cross-validation's folds,
+    whose first Jacobian is the priors' rows of their training points). num_prompts: the fewest requests a target is simulated with while fitting, raised per target until its
     metric stands still (stable_cap) at the start values; caps: those counts, already chosen."""
     keys = keys or candidate_keys(targets)
     start = start or {}
@@ -169,7 +142,7 @@ def fit(targets: list[Target], start: dict[str, float] | None = None, keys: list
     it, previous, stale, fresh = 0, cost, 0, False
     J = jacobian
     for it in range(1, iterations + 1):
-        if jacobian is None and (J is None or stale >= JACOBIAN_EVERY):
+        if redifference and (J is None or stale >= JACOBIAN_EVERY):
             J, stale, fresh = _jacobian(problem, x, r, h), 0, True
         Jf = np.vstack([J, PRIOR_WEIGHT * np.eye(len(keys))])
         f = problem.stacked(x, r)
@@ -181,10 +154,9 @@ def fit(targets: list[Target], start: dict[str, float] | None = None, keys: list
             r_new = problem.residuals(x_new)
             cost_new = problem.cost(x_new, r_new)
             if cost_new < cost:
-                if jacobian is None:  # Broyden: the secant this step measured, within each target's constants
-                    dx = x_new - x
-                    J = J + np.outer(r_new - r - J @ dx, dx) / float(dx @ dx) * problem.mask
-                    stale, fresh = stale + 1, False
+                dx = x_new - x  # Broyden: the secant this step measured, within each target's constants
+                J = J + np.outer(r_new - r - J @ dx, dx) / float(dx @ dx) * problem.mask
+                stale, fresh = stale + 1, False
                 x, r, cost, improved = x_new, r_new, cost_new, True
                 lam = max(lam / 3, 1e-4)
                 break
@@ -194,14 +166,12 @@ def fit(targets: list[Target], start: dict[str, float] | None = None, keys: list
         progress(log[-1])
         stalled = not improved or previous - cost < CONVERGED * previous
         previous = cost
-        if stalled and jacobian is None and not fresh:  # the updated Jacobian leads nowhere: difference anew
+        if stalled and redifference and not fresh:  # the updated Jacobian leads nowhere: difference anew
             stale, lam = JACOBIAN_EVERY, 0.1
             continue
         if stalled or float(np.max(np.abs(g))) < 1e-6:
             break
-    if J is None or (jacobian is None and not fresh):
-        # Broyden's secants steer steps but drift from the derivative at the fit; cross-validation's folds
-        # take Gauss-Newton steps from here with this Jacobian, so it is differenced afresh at the fit
+    if J is None:
         J = _jacobian(problem, x, r, h)
     return FitResult({**(fixed or {}), **_values(keys, x)}, cost, it, keys, J, caps, log)
 
@@ -227,46 +197,3 @@ def _jacobian(problem: _Problem, x: np.ndarray, r: np.ndarray, h: float) -> np.n
         rj = problem.residuals(xj, rows, r)
         J[:, j] = (rj - r) / (xj[j] - x[j])
     return J
-
-
-def folds(targets: list[Target], k: int) -> list[int]:
-    """Fold of each target: round-robin over targets sorted by (group, id), so every fold spans groups."""
-    order = sorted(range(len(targets)), key=lambda i: (targets[i].group, targets[i].id))
-    fold = [0] * len(targets)
-    for n, i in enumerate(order):
-        fold[i] = n % k
-    return fold
-
-
-def fold_profile(result: FitResult, keys: list[str], train: list[Target],
-                 fixed: dict[str, float] | None = None) -> CalibrationProfile:
-    """The constants a fold's refit (on `train`, over `keys`) predicts its held-out points with. A constant no
-    training point could see (a GPU only the fold has) keeps its prior, not the start's."""
-    return CalibrationProfile("fold", with_gpu_defaults(
-        {key: v for key, v in result.values.items() if key in keys or key in (fixed or {})},
-        quantized_only_gpus(train)))
-
-
-def cross_validate(targets: list[Target], full: FitResult, k: int = 5, iterations: int = 3,
-                   num_prompts: int | None = 300, progress: Callable[[str], None] = lambda s: None,
-                   fixed: dict[str, float] | None = None) -> list[float | None]:
-    """Each used target's simulated value when its fold was left out of the fit (None: excluded targets).
-    Each fold refits from the full fit with the full fit's Jacobian (its training rows) and fresh residuals:
-    Gauss-Newton steps on the training points alone, without re-differencing every constant."""
-    used = [i for i, t in enumerate(targets) if not t.excluded]
-    row_of = {id(t): n for n, t in enumerate(t for t in targets if not t.excluded)}
-    assignment = folds([targets[i] for i in used], k)
-    held_out: list[float | None] = [None] * len(targets)
-    for fold in range(k):
-        train = [targets[i] for n, i in enumerate(used) if assignment[n] != fold]
-        test = [i for n, i in enumerate(used) if assignment[n] == fold]
-        keys = [key for key in candidate_keys(train) if key in full.keys]
-        columns = [full.keys.index(key) for key in keys]
-        jacobian = full.jacobian[np.ix_([row_of[id(t)] for t in train], columns)]
-        result = fit(train, start=full.values, keys=keys, iterations=iterations, num_prompts=num_prompts,
-                     fixed=fixed, jacobian=jacobian, caps=full.caps,
-                     progress=lambda s, f=fold: progress(f"fold {f + 1}/{k}: {s}"))
-        profile = fold_profile(result, keys, train, fixed)
-        for i in test:
-            held_out[i] = simulate_target(targets[i], profile)
-    return held_out

@@ -31,7 +31,8 @@ class Target:
     workload: WorkloadConfig
     metric: str  # a key of the simulation's metrics
     value: float
-    excluded: str = ""  # why the fit leaves it out (it is still simulated and listed)
+    source: str = ""  # the document (or measurement file) it comes from: cross-validation holds out one at a time
+    load: str = ""  # "low" or "high" where the source says (the reference points); "" unknown
 
     @property
     def gpu(self) -> str:
@@ -74,14 +75,21 @@ def _workload(config: WorkloadConfig) -> list[SampledRequest]:
     return _WORKLOADS[config]
 
 
-def reference_targets(excluded: dict[str, str] | None = None) -> list[Target]:
-    excluded = excluded or {}
-    targets = []
-    for p in load_reference_points():
-        sim = to_simulation(p)
-        targets.append(Target(p.id, p.group, sim.deployment, sim.workload, sim.metric, p.metric.value,
-                              excluded.get(p.id, "")))
-    return targets
+def point_target(p) -> Target:
+    sim = to_simulation(p)
+    return Target(p.id, p.group, sim.deployment, sim.workload, sim.metric, p.metric.value, p.source.url, p.load)
+
+
+def reference_targets() -> list[Target]:
+    """The points the shipped calibration is fitted to (reference.FIT_SOURCES)."""
+    return [point_target(p) for p in load_reference_points()]
+
+
+def other_source_targets() -> list[Target]:
+    """The reference set's other sources' points that the lab can simulate: predicted by the fit, never fitted."""
+    from servelab.lab.catalog.reference import FIT_SOURCES, lab_gaps
+    from servelab.lab.catalog.reference_files import load_sources
+    return [point_target(p) for s in load_sources() if s.id not in FIT_SOURCES for p in s.points if not lab_gaps(p)]
 
 
 def measurement_targets(path: Path, deployment: DeploymentFields, metrics: tuple[str, ...] = MEASURED_METRICS,
@@ -119,4 +127,4 @@ def measurement_targets(path: Path, deployment: DeploymentFields, metrics: tuple
     if not found:
         raise ValueError(f"{path}: none of {', '.join(metrics)} is present")
     group = "measured"
-    return [Target(f"{Path(path).stem}:{m}", group, deployment, workload, m, float(data[m])) for m in found]
+    return [Target(f"{Path(path).stem}:{m}", group, deployment, workload, m, float(data[m]), str(path)) for m in found]

@@ -29,22 +29,22 @@ import tempfile
 import time
 from pathlib import Path
 
-from servelab.lab.catalog.reference import REFERENCE_FILE
 
 CHECKED = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
-SHOWN = CHECKED + ("p99_ttft_ms", "median_e2el_ms", "request_throughput")
+SHOWN = CHECKED + ("p99_ttft_ms", "median_e2el_ms", "request_throughput", "prefix_cache_hit_rate")
 LABELS = {"output_throughput": "output tok/s", "median_ttft_ms": "TTFT p50 ms", "median_tpot_ms": "TPOT p50 ms",
-          "p99_ttft_ms": "TTFT p99 ms", "median_e2el_ms": "E2E p50 ms", "request_throughput": "req/s"}
+          "p99_ttft_ms": "TTFT p99 ms", "median_e2el_ms": "E2E p50 ms", "request_throughput": "req/s",
+          "prefix_cache_hit_rate": "prefix hit rate"}
 
 
 def add_validate_parser(sub) -> None:
     from servelab.bench.serve import add_output_args, add_request_args, add_workload_args
-    from servelab.bench.stages import STAGES
+    from servelab.bench.stages import ALL_STAGES, STAGES
 
     p = sub.add_parser("validate", help="run one workload on the real engine and in the lab (local-cpu), compare")
     p.add_argument("--model", default=None, help="model folder or .gguf (default: SmolLM2-135M-Instruct); "
                    "the one `servelab lab profile` measured")
-    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from " + ",".join(STAGES))
+    p.add_argument("--stages", default=",".join(STAGES), help="comma-separated, from " + ",".join(ALL_STAGES))
     p.add_argument("--max-num-seqs", type=int, default=32, help="batch slots of the static and continuous stages")
     p.add_argument("--server-args", default="", help="more `servelab serve` flags for every stage")
     p.add_argument("--server-timeout", type=float, default=600.0, help="seconds a server may take to start")
@@ -53,7 +53,7 @@ def add_validate_parser(sub) -> None:
     p.add_argument("--no-refresh-profile", dest="refresh_profile", action="store_false",
                    help="keep the saved profile instead of re-measuring it before each repeat after the first")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    p.add_argument("--reference", nargs="?", type=Path, const=REFERENCE_FILE, default=None, metavar="FILE",
+    p.add_argument("--reference", nargs="?", type=Path, const=True, default=None, metavar="FILE",
                    help="instead of the local engine: GPU measurements (default: the published reference points) "
                    "beside their simulation")
     p.add_argument("--calibration", default=None, metavar="NAME", help="with --reference: the constants to use")
@@ -95,13 +95,17 @@ def simulated_metrics(profile, spec, stage: str, max_num_seqs: int, config) -> d
         shape = dict(num_gpus=2, schedule="continuous", num_prefill_instances=1, num_decode_instances=1,
                      router="least-loaded", efficiency=shared_cores(profile.efficiency, 2),
                      kv_transfer_link=profile.kv_transfer_link, kv_cache_bytes=profile.kv_cache_bytes)
+    if stage in ("dp", "prefix"):  # stage 6: two replicas (each on half the cores) behind the API server's router
+        shape = dict(num_gpus=2, schedule="continuous", router="prefix" if stage == "prefix" else "least-loaded",
+                     efficiency=shared_cores(profile.efficiency, 2), kv_cache_bytes=profile.kv_cache_bytes)
     deployment = Deployment(model=spec, device=profile.device, max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=profile.max_num_batched_tokens,
                             block_size=profile.fit.get("block_size", 16), dtype=profile.dtype, **shape)
     e = evaluate(deployment, generate_workload(config))
     if not e.fits:
         raise ValueError(f"the workload does not fit the profiled engine: {e.reason}")
-    return e.metrics
+    prefix = e.meters.get("prefix_cache")
+    return {**e.metrics, **({"prefix_cache_hit_rate": prefix["hit_rate"]} if prefix else {})}
 
 
 def profile_server_args(profile, spec) -> str:
@@ -114,7 +118,7 @@ def profile_server_args(profile, spec) -> str:
 
 
 def compare(stage: str, real: dict, simulated: dict) -> dict:
-    error = {k: simulated[k] / real[k] - 1 if real.get(k) else None for k in SHOWN}
+    error = {k: simulated[k] / real[k] - 1 if real.get(k) and simulated.get(k) is not None else None for k in SHOWN}
     return {"stage": stage, "real": {k: real.get(k) for k in SHOWN}, "simulated": {k: simulated.get(k) for k in SHOWN},
             "error": error}
 
@@ -137,6 +141,8 @@ def table_rows(comparisons: list[dict]) -> list[dict]:
     rows = []
     for c in comparisons:
         for key in SHOWN:
+            if key == "prefix_cache_hit_rate" and c["real"][key] is None and c["simulated"][key] is None:
+                continue  # a workload without shared prefixes
             err, spread = c["error"][key], c.get("spread", {}).get(key)
             rows.append({"stage": c["stage"], "metric": LABELS[key] + (" *" if key in CHECKED else ""),
                          "real (median)": c["real"][key], "simulated": c["simulated"][key],

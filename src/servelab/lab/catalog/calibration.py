@@ -3,22 +3,27 @@
 A profile maps dotted keys to values, each one Efficiency field at one scope:
     constants.<field>          every GPU and engine
     links.<kind>.<field>       GPUs on that kind of link (nvlink, pcie)
-    gpus.<gpu id>.<field>      one GPU (gpus.default.<field>: GPUs the profile has no data for)
+    gpus.<gpu id>.<field>      one GPU
+    families.<family>.<field>  GPUs of one architecture family without constants of their own (the
+                               geometric mean of the family's fitted GPUs: an H200 takes the H100's)
     engines.<engine>.<field>   one serving stack (its CPU-side and API-server overheads)
-The most specific scope wins; a field no scope sets keeps GPU_EFFICIENCY's prior. The shipped `public`
-profile is fitted to the published reference points (data/reference_points.json); users save their
+The most specific scope wins; a field no scope sets keeps its prior (ENGINE_PRIORS for an engine's
+overheads, else GPU_EFFICIENCY). A family with no fitted GPU takes its lineage's (FAMILY_LINEAGE), never a
+mean over unlike chips. The shipped `public` profile is fitted to the published reference points
+(data/reference/, reference.FIT_SOURCES); users save their
 own under the cache folder and select them with --calibration NAME.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field, fields, replace
 from functools import cache
 from pathlib import Path
 
-from servelab.executor.efficiency import GPU_EFFICIENCY, Efficiency
+from servelab.executor.efficiency import ENGINE_PRIORS, GPU_EFFICIENCY, Efficiency
 from servelab.lab.catalog.lookup import DATA_DIR
 from servelab.specs import DeviceSpec
 
@@ -30,7 +35,7 @@ SHIPPED_DIR = DATA_DIR / "calibrations"
 BOUNDS = {
     "matmul": (0.05, 1.0),
     "attention": (0.05, 1.0),
-    "memory": (0.3, 1.0),
+    "memory": (0.5, 1.0),
     "kv_memory": (0.2, 1.0),
     "interconnect": (0.2, 1.0),
     "allreduce_latency_s": (1e-6, 100e-6),
@@ -43,13 +48,56 @@ BOUNDS = {
     "api_ttft_overhead_s": (10e-6, 100e-3),
     "api_final_overhead_s": (10e-6, 100e-3),
 }
-SCOPES = ("constants", "links", "gpus", "engines")
+# Why each bound is where it is: a fitted constant that ends at a bound is read against this.
+BOUND_REASONS = {
+    "matmul": "a share of the datasheet's dense peak: above 1 is impossible; below 5% no tuned GEMM library runs",
+    "attention": "as matmul: FlashAttention-2/3 reach 35-75% of peak (Dao 2023; Shah et al. 2024)",
+    "memory": "weight-streaming GEMVs: at most the GPU's STREAM-like ceiling (memory_ceiling in gpus.json, applied "
+              "in the cost model); below half of peak a kernel is broken, so a fit that wants less is absorbing "
+              "something else (a quantized kernel's dequantization, an engine's overhead) and must not",
+    "kv_memory": "paged KV reads scatter over blocks: PagedAttention measured 20-30% slower than contiguous reads "
+                 "(Kwon et al. 2023), never faster than the STREAM-like ceiling",
+    "interconnect": "share of the link a ring all-reduce reaches: nccl-tests bus bandwidth 20% (PCIe through the "
+                    "host bridge) to ~100% of one direction",
+    "allreduce_latency_s": "nccl-tests small-message all-reduce: 1 us at best, 100 us on a slow PCIe bridge",
+    "step_overhead_s": "CPU work per engine step: from a C++ runtime's microseconds to vLLM V0's ~10 ms at large "
+                       "batches (RFC #6801)",
+    "request_overhead_s": "per scheduled request: 0.1 us (a C++ loop) to V0's ~80 us (RFC #6801)",
+    "token_overhead_s": "per scheduled token of input preparation",
+    "matmul_half_tokens": "rows at which a GEMM reaches half its peak share: one row to a few waves of 128-row tiles "
+                          "(also capped per GPU at the roofline's ridge point in the cost model)",
+    "attention_half_tokens": "as matmul_half_tokens for attention kernels, up to 4,096 query rows",
+    "layer_launch_overhead_s": "eager kernel launches per decoder layer: ~12 kernels at 0.1-15 us each",
+    "api_ttft_overhead_s": "API server work before the first token: HTTP, tokenization (10 us to 100 ms)",
+    "api_final_overhead_s": "API server work after the last token: detokenization, the closing chunk",
+}
+SCOPES = ("constants", "links", "gpus", "families", "engines")
+# A family with no fitted GPU takes the constants of the family its kernels descend from: Blackwell's
+# tcgen05 GEMMs from Hopper's TMA + wgmma pipelines, Ada's SM (no TMA, no wgmma) from Ampere's.
+FAMILY_LINEAGE = {"blackwell": "hopper", "ada": "ampere", "cdna4": "cdna3"}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def link_kind(device: DeviceSpec) -> str:
     """PCIe cards pay far more per collective call than GPUs on a switched fabric (NVLink, Infinity Fabric)."""
     return "pcie" if device.interconnect.lower().startswith("pcie") else "nvlink"
+
+
+def with_family_defaults(values: dict[str, float], targets) -> dict[str, float]:
+    """Adds families.<family>.<field>: the geometric mean over the family's fitted GPUs, for its GPUs without
+    data. GPUs whose every point ran a weight-only quantized checkpoint (quantized_only_gpus) are left out:
+    their constants carry the dequantizing kernels' efficiency along with the chip's."""
+    from servelab.lab.catalog.lookup import get_device
+    out = {k: v for k, v in values.items() if not k.startswith("families.")}
+    dense = {t.gpu for t in targets if not t.deployment.quantization}
+    fitted: dict[tuple[str, str], list[float]] = {}
+    for key, value in out.items():
+        scope, gpu, name = (key.split(".") + ["", ""])[:3]
+        if scope == "gpus" and gpu in dense:
+            fitted.setdefault((get_device(gpu).family, name), []).append(value)
+    for (family, name), found in sorted(fitted.items()):
+        out[f"families.{family}.{name}"] = float(math.exp(sum(map(math.log, found)) / len(found)))
+    return out
 
 
 def check_key(key: str) -> None:
@@ -76,15 +124,17 @@ class CalibrationProfile:
                 raise ValueError(f"calibration {self.name!r}: {key} = {value:g} is outside [{low:g}, {high:g}]")
 
     def lookup(self, name: str, device: DeviceSpec, engine: str) -> float | None:
-        gpu = device.id if any(k.startswith(f"gpus.{device.id}.") for k in self.values) else "default"
-        for key in (f"engines.{engine}.{name}", f"gpus.{gpu}.{name}", f"links.{link_kind(device)}.{name}",
-                    f"constants.{name}"):
-            if key in self.values:
-                return self.values[key]
-        return None
+        """The most specific scope's value; a GPU with none of its own takes its family's (or its lineage's)."""
+        keys = [f"engines.{engine}.{name}"]
+        if any(k.startswith(f"gpus.{device.id}.") for k in self.values):
+            keys.append(f"gpus.{device.id}.{name}")
+        else:
+            keys += [f"families.{device.family}.{name}", f"families.{FAMILY_LINEAGE.get(device.family, '')}.{name}"]
+        keys += [f"links.{link_kind(device)}.{name}", f"constants.{name}"]
+        return next((self.values[key] for key in keys if key in self.values), None)
 
     def efficiency(self, device: DeviceSpec, engine: str = DEFAULT_ENGINE) -> Efficiency:
-        updates = {}
+        updates = dict(ENGINE_PRIORS.get(engine, {}))
         for f in fields(Efficiency):
             if f.name in BOUNDS:
                 value = self.lookup(f.name, device, engine)
@@ -93,7 +143,8 @@ class CalibrationProfile:
         return replace(GPU_EFFICIENCY, **updates)
 
     def engines(self) -> list[str]:
-        return sorted({k.split(".")[1] for k in self.values if k.startswith("engines.")})
+        """Engines it prices: those it fitted and those with published priors."""
+        return sorted({k.split(".")[1] for k in self.values if k.startswith("engines.")} | set(ENGINE_PRIORS))
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "name": self.name, "description": self.description,

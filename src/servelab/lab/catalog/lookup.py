@@ -38,6 +38,8 @@ def get_device(device_id: str) -> DeviceSpec:
         memory_bytes=int(e["memory_gib"] * GIB), interconnect=e["interconnect"],
         interconnect_bandwidth=e["interconnect_bandwidth"], network_bandwidth=e["network_bandwidth"],
         gpus_per_node=e["gpus_per_node"], source=e["source"], compute_units=e["compute_units"],
+        family=e["family"], fp8_flops=e.get("fp8_flops"), fp4_flops=e.get("fp4_flops"),
+        memory_ceiling=e["memory_ceiling"],
     )
 
 

@@ -1,5 +1,7 @@
-"""Published GPU serving measurements (data/reference_points.json) as typed points, and how the lab simulates
-each one: the deployment, the workload and the metric key to compare with the published value."""
+"""Published GPU serving measurements (data/reference/<source>.json, one file per source document) as typed
+points, and how the lab simulates each one: the deployment, the workload and the metric key to compare with the
+published value. servelab.lab.catalog.reference_files reads every source; load_reference_points() gives the
+points of the sources the shipped calibration is fitted to (FIT_SOURCES)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +13,11 @@ from servelab.lab.catalog.lookup import DATA_DIR, gpu_ids, model_ids
 from servelab.specs import DTYPE_BYTES, QUANTIZATION_BYTES
 from servelab.workload import ARRIVAL_RNGS, DATASETS, WorkloadConfig
 
-REFERENCE_FILE = DATA_DIR / "reference_points.json"
+REFERENCE_DIR = DATA_DIR / "reference"
+# The sources (file stems in REFERENCE_DIR) the shipped calibration is fitted to, in the fit's order (its
+# cross-validation deals the points into folds in this order).
+FIT_SOURCES = ("sglang-benchmark-vllm060", "vllm-blog-v060-perf", "vllm-blog-mi300x", "nemo-llama-inference",
+               "mooncake-vllm-v0.2")
 # The keys of the lab's `metrics` dict that a published figure can be compared with.
 METRICS = frozenset({"request_throughput", "output_throughput", "total_token_throughput"} | {
     f"{stat}_{name}_ms" for stat in ("mean", "median", "p90", "p99") for name in ("ttft", "tpot", "itl", "e2el")})
@@ -135,7 +141,9 @@ def _rate(value) -> float:
     return math.inf if value == "inf" else float(value)
 
 
-def parse_point(entry: dict) -> ReferencePoint:
+def parse_point(entry: dict, check_catalog: bool = True) -> ReferencePoint:
+    """One point of a reference file; check_catalog=False accepts a GPU, model, dtype or quantization the lab's
+    catalog does not have yet (catalog_gaps names them)."""
     pid = entry.get("id", "<no id>")
     _require(entry, tuple(ReferencePoint.__dataclass_fields__), pid)
     _require(entry["source"], tuple(Source.__dataclass_fields__), f"{pid}.source")
@@ -151,16 +159,36 @@ def parse_point(entry: dict) -> ReferencePoint:
            "disaggregation": tuple(int(n) for n in disagg.split(":")) if disagg else None,
            "workload": Workload(**{**w, "request_rate": _rate(w["request_rate"]),
                                    "simulate": SimulatedWorkload(**w["simulate"])})})
-    validate(point)
+    validate(point, check_catalog)
     return point
 
 
-def validate(p: ReferencePoint) -> None:
-    s, m = p.workload.simulate, p.metric
-    checks = [
+def catalog_gaps(p: ReferencePoint) -> list[str]:
+    """The catalog entries the lab lacks to simulate the point."""
+    return [message for ok, message in (
         (p.gpu in gpu_ids(), f"unknown GPU {p.gpu!r}"),
         (p.model in model_ids(), f"unknown model {p.model!r}"),
         (p.dtype in DTYPE_BYTES, f"unknown dtype {p.dtype!r}"),
+        (p.deployment_flags.get("quantization") in (None, *QUANTIZATION_BYTES), "unknown quantization"),
+    ) if not ok]
+
+
+def lab_gaps(p: ReferencePoint) -> list[str]:
+    """Everything the lab lacks to simulate the point: catalog entries and workload features."""
+    return catalog_gaps(p) + (["closed-loop client (max_concurrency requests in flight)"] if closed_loop(p) else [])
+
+
+def closed_loop(p: ReferencePoint) -> bool:
+    """The source's client kept max_concurrency > 1 requests in flight over more requests than that: WorkloadConfig
+    has no such client. A concurrency that equals the request count is one batch, and concurrency 1 runs each
+    request alone (simulated as one request): the lab has both."""
+    w = p.workload
+    return (w.max_concurrency or 1) > 1 and (w.num_requests is None or w.max_concurrency < w.num_requests)
+
+
+def validate(p: ReferencePoint, check_catalog: bool = True) -> None:
+    s, m = p.workload.simulate, p.metric
+    checks = [(False, gap) for gap in (catalog_gaps(p) if check_catalog else [])] + [
         (m.name in METRICS, f"unknown metric {m.name!r}"),
         (m.unit in UNITS, f"unknown unit {m.unit!r}"),
         (m.read_from in READ_FROM, f"read_from must be one of {READ_FROM}"),
@@ -182,7 +210,6 @@ def validate(p: ReferencePoint) -> None:
          and isinstance(p.deployment_flags["engine"], str)
          and isinstance(p.deployment_flags["cuda_graphs"], bool) and p.deployment_flags["num_scheduler_steps"] >= 1,
          f"deployment_flags must set {', '.join(DEPLOYMENT_FLAGS)} and may set {', '.join(OPTIONAL_DEPLOYMENT_FLAGS)}"),
-        (p.deployment_flags.get("quantization") in (None, *QUANTIZATION_BYTES), "unknown quantization"),
         (isinstance(p.deployment_flags.get("mixed_batches", True), bool), "mixed_batches must be true or false"),
         (isinstance(p.deployment_flags.get("async_output", False), bool), "async_output must be true or false"),
         (not p.deployment_flags.get("first_token_from_decode") or p.disaggregation is not None,
@@ -194,19 +221,32 @@ def validate(p: ReferencePoint) -> None:
             raise ReferenceDataError(f"{p.id}: {message}")
 
 
-@cache
-def load_reference_points() -> tuple[ReferencePoint, ...]:
-    with open(REFERENCE_FILE) as f:
-        points = tuple(parse_point(e) for e in json.load(f)["points"])
+def read_points_file(path) -> list[dict]:
+    """The raw point entries of one reference file (a source file's or a user's {"points": [...]})."""
+    with open(path) as f:
+        return json.load(f)["points"]
+
+
+def check_unique_ids(points) -> None:
     ids = [p.id for p in points]
     if len(set(ids)) != len(ids):
         raise ReferenceDataError(f"duplicate ids: {sorted({i for i in ids if ids.count(i) > 1})}")
+
+
+@cache
+def load_reference_points() -> tuple[ReferencePoint, ...]:
+    """The points of FIT_SOURCES, in that order: the set the shipped calibration is fitted to."""
+    points = tuple(parse_point(e) for source in FIT_SOURCES for e in read_points_file(REFERENCE_DIR / f"{source}.json"))
+    check_unique_ids(points)
     return points
 
 
 def to_simulation(point: ReferencePoint, num_prompts: int | None = None, seed: int = 0) -> Simulation:
     """The lab run that reproduces `point`; num_prompts caps the source's request count (fast tests) and never
     raises it, so a batch of 8 stays a batch of 8."""
+    if closed_loop(point):
+        raise ReferenceDataError(f"{point.id}: its client kept {point.workload.max_concurrency} requests in flight; "
+                                 "the lab's workload has no closed-loop client")
     s = point.workload.simulate
     deployment = DeploymentFields(
         model=point.model, gpu=point.gpu, dtype=point.dtype, num_gpus=point.num_gpus, tp=point.tp,

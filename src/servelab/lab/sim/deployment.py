@@ -8,9 +8,10 @@ from servelab.config import SCHEDULE_POLICIES, SchedulerConfig, SpeculativeConfi
 from servelab.errors import check_fields
 from servelab.executor.cost_model import CostModel
 from servelab.executor.efficiency import GPU_EFFICIENCY, Efficiency
-from servelab.specs import DTYPE_BYTES, GIB, QUANTIZATION_BYTES, DeviceSpec, ModelSpec
+from servelab.specs import (DTYPE_BYTES, GIB, KV_CACHE_DTYPES, QUANTIZATION_BYTES, DeviceSpec, ModelSpec,
+                            activation_dtype, kv_dtype)
 
-ROUTERS = ("round-robin", "least-loaded")
+ROUTERS = ("round-robin", "least-loaded", "prefix")
 # vLLM's defaults on a datacenter GPU: --gpu-memory-utilization 0.9, max_num_seqs 256 and a chunked-prefill
 # token budget of 8192 for the OpenAI server.
 GPU_MEMORY_UTILIZATION = 0.9
@@ -51,6 +52,8 @@ class Deployment:
     mixed_batches: bool = True
     # Weight-only quantized checkpoint (vLLM --quantization; QUANTIZATION_BYTES); None: weights in dtype.
     quantization: str | None = None
+    # vLLM --kv-cache-dtype: "auto" keeps the activations' dtype, "fp8" halves a bf16 cache's bytes.
+    kv_cache_dtype: str = "auto"
     # Disaggregated only: the client's first token comes from the decode instance, after the KV handoff
     # and its first step (vLLM's disaggregated-prefill proxy sends the prompt to the prefill instance with
     # max_tokens=1, then streams the whole answer from the decode instance).
@@ -74,6 +77,8 @@ class Deployment:
              ("schedule",)),
             (self.router in ROUTERS, f"{{router}} must be one of {', '.join(ROUTERS)}", ("router",)),
             (self.dtype in DTYPE_BYTES, f"{{dtype}} must be one of {', '.join(DTYPE_BYTES)}", ("dtype",)),
+            (self.kv_cache_dtype in KV_CACHE_DTYPES, f"{{kv_cache_dtype}} must be one of {', '.join(KV_CACHE_DTYPES)}",
+             ("kv_cache_dtype",)),
             (self.quantization is None or self.quantization in QUANTIZATION_BYTES,
              f"{{quantization}} must be one of {', '.join(QUANTIZATION_BYTES)}", ("quantization",)),
             (not self.first_token_from_decode or p > 0, "{first_token_from_decode} needs {disaggregate}",
@@ -122,7 +127,11 @@ class Deployment:
 
     def cost_model(self) -> CostModel:
         return CostModel(self.model, self.device, self.efficiency, self.tensor_parallel_size, self.dtype,
-                         self.cuda_graphs, self.num_scheduler_steps, self.quantization)
+                         self.cuda_graphs, self.num_scheduler_steps, self.quantization, self.kv_cache_dtype)
+
+    @property
+    def kv_dtype(self) -> str:
+        return kv_dtype(self.dtype, self.kv_cache_dtype)
 
     def describe(self) -> str:
         if self.disaggregated:
@@ -143,6 +152,7 @@ class Deployment:
             "cuda_graphs": self.cuda_graphs, "num_scheduler_steps": self.num_scheduler_steps,
             **({} if self.mixed_batches else {"mixed_batches": False}),
             **({"quantization": self.quantization} if self.quantization else {}),
+            **({"kv_cache_dtype": self.kv_cache_dtype} if self.kv_cache_dtype != "auto" else {}),
             **({"first_token_from_decode": True} if self.first_token_from_decode else {}),
             **({"async_output": True} if self.async_output else {}),
             **({"speculative_config": {"method": self.speculative.method,
@@ -172,7 +182,7 @@ class MemoryPlan:
 def plan_memory(d: Deployment, max_request_tokens: int) -> MemoryPlan:
     m, tp = d.model, d.tensor_parallel_size
     weights = m.weight_bytes(d.dtype, d.quantization) // tp  # vocab-parallel embeddings shard too
-    kv_per_token = m.kv_bytes_per_token(d.dtype, tp)
+    kv_per_token = m.kv_bytes_per_token(d.kv_dtype, tp)
     if d.kv_cache_bytes is not None:
         usable, activations, kv = d.device.memory_bytes, 0, d.kv_cache_bytes
         if weights + kv > usable:
@@ -180,7 +190,7 @@ def plan_memory(d: Deployment, max_request_tokens: int) -> MemoryPlan:
     else:
         usable = int(d.device.memory_bytes * GPU_MEMORY_UTILIZATION)
         # vLLM's profiling run: one forward of max_num_batched_tokens (MLP activations dominate) plus fp32 logits.
-        activations = (m.forward_activation_bytes(d.max_num_batched_tokens, d.max_num_seqs, d.dtype, tp)
+        activations = (m.forward_activation_bytes(d.max_num_batched_tokens, d.max_num_seqs, activation_dtype(d.dtype), tp)
                        + RUNTIME_RESERVE_BYTES)
         kv = max(0, usable - weights - activations)
     num_blocks = kv // (kv_per_token * d.block_size)

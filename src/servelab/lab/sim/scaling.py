@@ -74,10 +74,10 @@ class ScaleSample:
 
 class Pool:
     def __init__(self, role: str, router: str, make_instance: Callable[[str, float], Instance],
-                 num_initial: int) -> None:
+                 num_initial: int, capacity_blocks: int = 1) -> None:
         self.role = role
         self.make_instance = make_instance
-        self.balancer = LoadBalancer(router, [make_instance(role, 0.0) for _ in range(num_initial)])
+        self.balancer = LoadBalancer(router, [make_instance(role, 0.0) for _ in range(num_initial)], capacity_blocks)
         self.starting: list[Instance] = []
         self.draining: list[Instance] = []
         self.ttfts: list[float] = []  # finished in the current interval

@@ -14,12 +14,14 @@ import math
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from servelab.core.block_hash import hash_token_blocks
 from servelab.core.request import Request, RequestStatus
 from servelab.lab.sim.deployment import Deployment, MemoryPlan, plan_memory
 from servelab.lab.sim.finished import SimulatedRequest
 from servelab.lab.sim.instance import Instance
 from servelab.lab.sim.scaling import Autoscaler, Pool, ScaleSample, ScalingConfig
-from servelab.workload import SampledRequest
+from servelab.trace_formats import MOONCAKE_BLOCK_TOKENS
+from servelab.workload import SampledRequest, block_hash_prompt
 from servelab.sampling_params import SamplingParams
 
 # Fixed cost of starting one KV transfer (connector handshake, RDMA registration): an assumption,
@@ -36,6 +38,12 @@ def prefix_shared_prompt(index: int, w: SampledRequest) -> list[int]:
     group = w.prefix_group
     assert group is not None  # called for requests of a prefix group only
     return [group] * w.prefix_len + [-1 - index] * (w.prompt_len - w.prefix_len)
+
+
+def trace_block_prompt(w: SampledRequest) -> list[int]:
+    """Stand-in token ids for a trace's prompt blocks: block hash id h as MOONCAKE_BLOCK_TOKENS tokens of id h,
+    so prompts sharing leading hash ids share those cached blocks and no others."""
+    return block_hash_prompt(w.block_hash_ids, w.prompt_len, lambda h: [h] * MOONCAKE_BLOCK_TOKENS)
 
 
 class DoesNotFit(ValueError):
@@ -112,7 +120,10 @@ class _Simulation:
                   else {"mixed": d.num_instances})
         if autoscaler is not None:
             counts = {role: scaling.clamp(num) for role, num in counts.items()}
-        self.pools = {role: Pool(role, d.router, self._make_instance, num) for role, num in counts.items()}
+        # the prefix router places prompts; KV arriving at a decode pool goes to the least loaded instance
+        routers = {role: "least-loaded" if role == "decode" and d.router == "prefix" else d.router for role in counts}
+        self.pools = {role: Pool(role, routers[role], self._make_instance, num, memory.num_blocks)
+                      for role, num in counts.items()}
         self.front_pool = self.pools["prefill" if d.disaggregated else "mixed"]
         self.back_pool = self.pools.get("decode")
         self.front_balancer = self.front_pool.balancer
@@ -140,7 +151,7 @@ class _Simulation:
         self.transfer_latency_s = KV_TRANSFER_LATENCY_S
         if d.kv_transfer_link is not None:
             self.transfer_latency_s, self.transfer_bytes_per_s = d.kv_transfer_link
-        self.kv_bytes_per_token = d.model.kv_bytes_per_token(d.dtype)
+        self.kv_bytes_per_token = d.model.kv_bytes_per_token(d.kv_dtype)
         # vLLM's disaggregation proxy (first_token_from_decode) sends a request to the decode instance when the
         # prefill instance's response (max_tokens=1) completes; with asynchronous output processing that
         # response leaves when the prefill instance's next step ends, or at once when it has none to run.
@@ -207,10 +218,11 @@ class _Simulation:
 
     def _arrive(self, index: int, time: float) -> None:
         w = self.workload[index]
-        instance: Instance = self.front_balancer.pick()  # type: ignore[assignment]  # its pool's instances
         self.num_arrivals_since_tick += 1
-        max_tokens = 1 if instance.role == "prefill" else w.output_len
-        if w.prefix_group is None:
+        max_tokens = 1 if self.d.disaggregated else w.output_len
+        if w.block_hash_ids:
+            request = Request(str(index), trace_block_prompt(w), self.params, max_tokens, (), time, cache_prefix=True)
+        elif w.prefix_group is None:
             prompt = self.prompts.get(w.prompt_len)
             if prompt is None:
                 prompt = self.prompts[w.prompt_len] = [0] * w.prompt_len
@@ -218,6 +230,10 @@ class _Simulation:
         else:
             request = Request(str(index), prefix_shared_prompt(index, w), self.params, max_tokens, (), time,
                               cache_prefix=True)
+        balancer = self.front_balancer
+        hashes = (hash_token_blocks(request.prompt_token_ids, self.d.block_size)
+                  if balancer.needs_block_hashes and request.cache_prefix else [])
+        instance: Instance = balancer.pick(hashes)  # type: ignore[assignment]  # its pool's instances
         instance.add_request(request)
         self._wake(instance, time)
 

@@ -11,7 +11,8 @@ from servelab.config import SCHEDULE_POLICIES
 from servelab.lab.catalog import LOCAL_CPU, gpu_ids, model_ids
 from servelab.errors import FieldError
 from servelab.lab.catalog.calibration import calibration_names, load_calibration
-from servelab.lab.api import AdviseRequest, AutoscaleRequest, DeploymentRequest, SimulateRequest, TargetsRequest
+from servelab.lab.api import (AdviseRequest, AutoscaleRequest, DeploymentRequest, FrontierRequest, SimulateRequest,
+                              TargetsRequest)
 from servelab.rate_schedule import parse_rate_schedule
 from servelab.lab.web.i18n import Message, error_message
 from servelab.workload import DATASETS, WorkloadConfig, generate_workload
@@ -29,7 +30,9 @@ MAX_SCALE_SECONDS = 3600.0
 # fit in a batch); measured here, 8 M tokens take 1-11 s, and the advisor simulates dozens of shapes. An advisor
 # asked to autoscale its shape over a rate schedule gets the room of the page's autoscaling panel at its default
 # inputs (a 10-minute ramp of ~2,500 requests, 3.3 M tokens: ~4 s here).
-MAX_WORKLOAD_TOKENS = {"simulate": 8_000_000, "advise": 2_000_000, "advise_autoscaled": 4_000_000}
+MAX_WORKLOAD_TOKENS = {"simulate": 8_000_000, "advise": 2_000_000, "advise_autoscaled": 4_000_000,
+                       "frontier": 400_000}  # the frontier simulates every shape: a short workload
+MAX_FRONTIER_GPUS = 16
 
 LIMITS = {"num_prompts": MAX_NUM_PROMPTS, "num_gpus": MAX_NUM_GPUS, "input_len": MAX_INPUT_LEN,
           "output_len": MAX_OUTPUT_LEN, "max_num_seqs": MAX_NUM_SEQS, "max_gpus": MAX_ADVISE_GPUS,
@@ -118,6 +121,19 @@ def _gpu(field: str, value) -> str:
     return value
 
 
+def _gpus(field: str, value) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise _bad(field, "not_a_choice", value, choices=", ".join(gpu_ids()))
+    return tuple(_choice(field, v, gpu_ids()) for v in value)
+
+
+def _prices(field: str, value) -> tuple[tuple[str, float], ...]:
+    """{"h100": 2.49, ...}: $ per GPU-hour overrides (`--price h100=2.49`)."""
+    if not isinstance(value, dict):
+        raise LabInputError(Message("not_an_object"), field)
+    return tuple((_choice(field, gpu, gpu_ids()), _positive(field, usd)) for gpu, usd in value.items())
+
+
 def _rate_schedule(field: str, value) -> str:
     # a trace names a file on the server: the command line's, not the web API's
     if not isinstance(value, str) or value.strip().startswith("trace"):
@@ -187,7 +203,16 @@ _AUTOSCALE = {
     "target_waiting": _positive,
     "target_kv_usage": _positive,
 }
+_FRONTIER = {
+    "gpus": _gpus,
+    "max_gpus": lambda f, v: _int(f, v, 1, MAX_FRONTIER_GPUS),
+    "prices": _prices,
+    "latency_metric": lambda f, v: _choice(f, v, ["p99_ttft_ms", "p90_ttft_ms", "median_ttft_ms", "p99_tpot_ms",
+                                                  "p90_tpot_ms", "median_tpot_ms"]),
+}
 FIELDS = {
+    "frontier": {**{k: v for k, v in _DEPLOYMENT.items() if k not in ("gpu", "max_num_seqs")}, **_WORKLOAD,
+                 **_TARGETS, **_FRONTIER},
     "simulate": {**_DEPLOYMENT, **_SIMULATE_ONLY, **_WORKLOAD, **_TARGETS, **_AUTOSCALE, "slo_attribution": _flag},
     "advise": {**_DEPLOYMENT, **_WORKLOAD, **_TARGETS, **_AUTOSCALE,
                "max_gpus": lambda f, v: _int(f, v, 1, MAX_ADVISE_GPUS)},
@@ -199,7 +224,7 @@ def _values_for(cls, values: dict) -> dict:
     return {k: v for k, v in values.items() if k in names}
 
 
-def lab_request(command: str, body) -> SimulateRequest | AdviseRequest:
+def lab_request(command: str, body) -> SimulateRequest | AdviseRequest | FrontierRequest:
     """The typed request of `servelab lab <command> --json` with the body's fields in place of the flags; the
     defaults are the request values' own (the command line's defaults too)."""
     if not isinstance(body, dict):
@@ -217,6 +242,9 @@ def lab_request(command: str, body) -> SimulateRequest | AdviseRequest:
     except FieldError as err:
         raise field_message(err) from None
     _check_size(command, workload, autoscaled=values.get("autoscale") is not None)
+    if command == "frontier":
+        return replace(FrontierRequest(deployment=deployment, workload=workload, targets=targets),
+                       **_values_for(FrontierRequest, values))
     autoscale = None
     if values.get("autoscale") is not None:
         try:

@@ -5,6 +5,7 @@
   GET  /lab/api/catalog     GPU and model ids with their key numbers, the evolution presets, the limits
   POST /lab/api/simulate    what `servelab lab simulate --json` prints for the same inputs, byte for byte
   POST /lab/api/advise      what `servelab lab advise --json` prints
+  POST /lab/api/frontier    what `servelab lab advise --pareto --json` prints (the priced cost frontier)
   GET  /lab/api/status      the lab job running now, if any (the page's simulation first)
   GET  /lab/api/live/layout the serving processes (API server, engine cores with roles, TP ranks, pids);
                             `servelab serve` only
@@ -59,6 +60,7 @@ ASSETS = {
     "lab.js": "text/javascript", "i18n.js": "text/javascript", "phrases.js": "text/javascript",
     "walkthrough.js": "text/javascript", "tutorial.js": "text/javascript", "layout.js": "text/javascript",
     "lab.css": "text/css", "autoscale.js": "text/javascript", "measured.js": "text/javascript",
+    "frontier.js": "text/javascript",
     "i18n/en.json": "application/json", "i18n/zh.json": "application/json",
     # a copy of benchmarks/results/stages-smollm2/stages-smollm2.json (`servelab bench stages`)
     "measured/stages.json": "application/json",
@@ -67,7 +69,7 @@ PAGES = {"/lab": "index.html", "/lab/tutorial": "tutorial.html"}
 MAX_BODY_BYTES = 64 * 1024
 
 
-WORK = {"simulate": api.simulate, "advise": api.advise, "measured": measured_path}
+WORK = {"simulate": api.simulate, "advise": api.advise, "measured": measured_path, "frontier": api.frontier}
 RESULTS_DIR = Path("benchmarks/results")  # `servelab bench`'s default --result-dir
 
 
@@ -100,7 +102,7 @@ def exit_with_parent(parent_pid: int) -> None:
 
 # The page's meters wait on "simulate"; the advisor's search and the measured path's predictions run beside it in a
 # second worker, so that an input change never waits behind a search of dozens of shapes.
-LANES = {"simulate": "interactive", "advise": "background", "measured": "background"}
+LANES = {"simulate": "interactive", "advise": "background", "measured": "background", "frontier": "background"}
 
 
 class LabRunner:
@@ -272,6 +274,10 @@ def build_lab_router(live_engine: dict | None = None, layout: Callable[[], dict]
     @router.post("/lab/api/advise")
     async def advise(request: Request) -> Response:
         return await run("advise", request)
+
+    @router.post("/lab/api/frontier")
+    async def frontier(request: Request) -> Response:
+        return await run("frontier", request)
 
     @router.get("/lab/api/measured")
     async def measured(request: Request) -> Response:

@@ -13,7 +13,6 @@
   const { t, fmt } = window.LabI18n;
   const { num, pct, ms } = fmt;
   const $ = (id) => document.getElementById(id);
-  const sleep = (msDelay) => new Promise((resolve) => setTimeout(resolve, msDelay));
   let last = null; // {body, result} shown
   let advised = null; // the autoscaler settings the advisor is asked about, once the panel has run
 
@@ -43,22 +42,9 @@
     window.LabPage.readvise();
   }
 
-  async function post(body) {
-    for (let attempt = 0; attempt <= MAX_BUSY_RETRIES; attempt++) {
-      const response = await fetch(window.LabI18n.api("/lab/api/simulate"), {
-        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-      });
-      if (response.status === 429) {
-        $("as-status").replaceChildren(window.LabI18n.keyed("status.waiting"));  // re-translated on a switch while it waits
-        await sleep(1000 * Number(response.headers.get("Retry-After") || 1));
-        continue;
-      }
-      const payload = await response.json();
-      if (!response.ok) throw new Error((payload.error || {}).message || response.statusText);
-      return payload;
-    }
-    throw new Error(t("error.busy"));
-  }
+  // re-translated on a switch while it waits
+  const post = (body) => window.LabI18n.post("/lab/api/simulate", body,
+    () => $("as-status").replaceChildren(window.LabI18n.keyed("status.waiting")), MAX_BUSY_RETRIES);
 
   async function run() {
     const panel = $("autoscale");

@@ -146,13 +146,36 @@ window.LabI18n = (() => {
     return `${num(x, x < 10 ? 1 : 0)} ms`;
   };
 
+  const api = (path) => `${path}${path.includes("?") ? "&" : "?"}lang=${lang}`;
+  const sleep = (msDelay) => new Promise((resolve) => setTimeout(resolve, msDelay));
+
+  // POST a lab API request in the page's language, waiting out 429s (the lab's worker busy; onWait is told each
+  // time); the answer's JSON, or an Error with the API's message (in the page's language).
+  async function post(path, body, onWait = () => {}, maxRetries = 120) {
+    for (let attempt = 0; attempt <= maxRetries; attempt++) {
+      const response = await fetch(api(path), {
+        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+      });
+      if (response.status === 429) {
+        onWait();
+        await sleep(1000 * Number(response.headers.get("Retry-After") || 1));
+        continue;
+      }
+      const payload = await response.json();
+      if (!response.ok) throw new Error((payload.error || {}).message || response.statusText);
+      return payload;
+    }
+    throw new Error(t("error.busy"));
+  }
+
   return {
     ready: start(),
     t, tn, has, apply, setLanguage, missing,
     lang: () => lang,
     onChange: (listener) => listeners.push(listener),
     keyed,
-    api: (path) => `${path}${path.includes("?") ? "&" : "?"}lang=${lang}`,
+    api,
+    post,
     fmt: { num, pct, gib, ms },
   };
 })();

@@ -474,9 +474,39 @@
       $("summary-line").textContent = t("meter.summary", { tps: num(x.output_throughput), rps: num(x.request_throughput, 2),
         e2e: ms(x.median_e2el_ms), completed: num(x.completed), duration: num(x.duration, 1) });
     }
+    renderErrorBands(r);
     renderDiagram(body, r);
     renderLiveNote(body);
     renderStageCards(body);
+  }
+
+  // ---- each headline figure with its error band and the engine whose overheads priced it
+  const BANDED = [["bands.ttft", "median_ttft_ms", ms], ["bands.tpot", "median_tpot_ms", ms],
+    ["bands.throughput", "output_throughput", (v) => `${num(v)} tok/s`]];
+
+  function regimeWords(matched) {
+    return Object.entries(matched).map(([k, v]) => (k === "load" ? t(`bands.load_${v}`) : k === "precision" ? v.toUpperCase() : v))
+      .join(t("fmt.list_separator"));
+  }
+
+  function renderErrorBands(r) {
+    const box = $("error-bands");
+    box.hidden = !(r.fits && r.error_bands);
+    if (box.hidden) return;
+    $("bands-title").textContent = t("bands.title", { engine: r.engine });
+    const c = r.error_bands.calibration;
+    $("bands-lead").textContent = t("bands.lead", { name: c.name, held: pct(c.held_out_mean_abs_error),
+      fitted: pct(c.fitted_mean_abs_error), points: num(c.num_points), sources: num(c.num_sources) });
+    const items = BANDED.filter(([, key]) => r.error_bands.metrics[key]).map(([label, key, fmt]) => {
+      const b = r.error_bands.metrics[key];
+      const regime = regimeWords(b.matched);
+      const li = document.createElement("li");
+      li.dataset.metric = key;
+      li.textContent = t("bands.line", { metric: t(label), value: fmt(r.metrics[key]),
+        band: b.band == null ? t("bands.none", { regime }) : t("bands.band", { pct: pct(b.band), regime, n: b.num_points }) });
+      return li;
+    });
+    $("bands-list").replaceChildren(...items);
   }
 
   // ---- the diagram: [id, x, y, width] of each box, 58 high

@@ -53,6 +53,13 @@ window.LabLayout = (() => {
         ranks.appendChild(r);
       }
       el.appendChild(ranks);
+      if (engine.quantization) {
+        const q = box("layout-quantization", t("live.layout.quantization",
+          { mode: engine.quantization, kv: engine.kv_cache_dtype }), engine.quantization_reason);
+        q.dataset.mode = engine.quantization;
+        q.dataset.kv = engine.kv_cache_dtype;
+        el.appendChild(q);
+      }
       if (engine.role !== "colocated") {
         el.appendChild(box("layout-handoffs", t("live.layout.handoffs", { n: fmt.num(engine.num_kv_handoffs) })));
       }

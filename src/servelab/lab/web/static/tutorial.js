@@ -28,23 +28,8 @@
   ];
   const state = { catalog: null, sims: {}, simErrors: {}, measured: null, measuredError: null };
   const $ = (id) => document.getElementById(id);
-  const sleep = (ms_) => new Promise((resolve) => setTimeout(resolve, ms_));
 
-  async function simulate(inputs) {
-    for (let attempt = 0; attempt <= MAX_BUSY_RETRIES; attempt++) {
-      const response = await fetch(window.LabI18n.api("/lab/api/simulate"), {
-        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(inputs),
-      });
-      if (response.status === 429) {
-        await sleep(1000 * Number(response.headers.get("Retry-After") || 1));
-        continue;
-      }
-      const payload = await response.json();
-      if (!response.ok) throw new Error((payload.error || {}).message || response.statusText);
-      return payload;
-    }
-    throw new Error(t("error.busy"));
-  }
+  const simulate = (inputs) => window.LabI18n.post("/lab/api/simulate", inputs, () => {}, MAX_BUSY_RETRIES);
 
   const measuredRun = (n) => (state.measured ? state.measured.runs.find((run) => parseInt(run.stage, 10) === n) : null);
 

@@ -1,4 +1,4 @@
-"""Run the gateway under uvicorn with a draining shutdown.
+"""Run the gateway's app under uvicorn with a draining shutdown.
 
 The first SIGTERM (or Ctrl+C) drains: new requests get 503, in-flight ones finish for up to
 --shutdown-grace seconds, then the engine cores are stopped and the process exits 0. A second signal
@@ -17,7 +17,7 @@ from fastapi import APIRouter
 from servelab.engine.core_client import EngineCoreClient
 from servelab.gateway.app import Gateway, build_app
 from servelab.gateway.config import ServerConfig
-from servelab.gateway.http_protocol import header_timeout_protocol
+from servelab.entrypoints.http_protocol import header_timeout_protocol
 from servelab.model.tokenizer import Tokenizer
 
 
@@ -51,7 +51,7 @@ class DrainingServer(uvicorn.Server):
         await super().startup(sockets)
         if self.started:
             self._watch_task = asyncio.ensure_future(self._exit_when_engine_dead())
-            print_banner(self.gateway.config, self.bound_port())
+            print_banner(self.gateway.config, self.bound_port(), self.gateway.engine_info)
 
     async def _exit_when_engine_dead(self) -> None:
         await self.gateway.wait_engine_dead()
@@ -82,7 +82,7 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def print_banner(config: ServerConfig, port: int) -> None:
+def print_banner(config: ServerConfig, port: int, info=None) -> None:
     host = config.host if config.host not in ("0.0.0.0", "::") else "127.0.0.1"
     url = f"http://{host}:{port}"
     auth = ' -H "Authorization: Bearer $SERVELAB_API_KEY"' if config.api_keys else ""
@@ -91,3 +91,6 @@ def print_banner(config: ServerConfig, port: int) -> None:
     print(f"servelab: serving {config.model_name} at {url}/v1 (health {url}/health, metrics {url}/metrics)\n"
           f"  try: curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'",
           flush=True)
+    if info is not None:
+        print(f"  precision: --quantization {info.quantization} --kv-cache-dtype {info.kv_cache_dtype} "
+              f"({info.quantization_reason})", flush=True)
