@@ -20,6 +20,7 @@ import time
 
 from servelab import LLM, SamplingParams
 from servelab.bench.grounded_prompts import code_edit_prompts, open_ended_prompts
+from servelab.lab.calibrate.spec_acceptance import fit_acceptance_rate
 
 
 def counters(llm: LLM) -> tuple[int, int, int]:
@@ -45,7 +46,7 @@ def summary(values: list[float]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
-    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--dtype", default="bfloat16", help="an explicit dtype runs float weights (no --quantization auto)")
     ap.add_argument("--num-prompts", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
@@ -81,7 +82,9 @@ def main() -> None:
                     if name == "spec":
                         drafts, draft_tokens, accepted = (a - b for a, b in zip(after, before))
                         acc = acceptance.setdefault(workload, {"num_drafts": 0, "num_draft_tokens": 0,
-                                                               "num_accepted_tokens": 0, "num_output_tokens": 0})
+                                                               "num_accepted_tokens": 0, "num_output_tokens": 0,
+                                                               "num_decode_tokens": 0})
+                        acc["num_decode_tokens"] += sum(len(t) - 1 for t in outputs[name])
                         acc["num_drafts"] += drafts
                         acc["num_draft_tokens"] += draft_tokens
                         acc["num_accepted_tokens"] += accepted
@@ -102,6 +105,10 @@ def main() -> None:
                  "acceptance_rate": acc["num_accepted_tokens"] / max(acc["num_draft_tokens"], 1),
                  "mean_acceptance_length": 1 + acc["num_accepted_tokens"] / max(acc["num_drafts"], 1),
                  **acc}
+        # the lab's --spec-acceptance-rate that gives these tokens per decode step (lab/calibrate/spec_acceptance.py)
+        per_step = acc["num_decode_tokens"] / max(acc["num_decode_tokens"] - acc["num_accepted_tokens"], 1)
+        entry["tokens_per_decode_step"] = per_step
+        entry["fitted_acceptance_rate"] = fit_acceptance_rate(per_step, result["speculative_config"]["num_speculative_tokens"])
         for mode, by_engine in speeds[workload].items():
             plain, spec = summary(by_engine["plain"]), summary(by_engine["spec"])
             entry[mode] = {"plain_tok_s": plain, "spec_tok_s": spec, "speedup": spec["median"] / plain["median"]}
