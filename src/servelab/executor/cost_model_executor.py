@@ -23,7 +23,8 @@ class CostModelExecutor:
     TABULATED_STEPS = 8192
     run_token_id = DUMMY_TOKEN_ID  # what every step of a decode run samples
 
-    def __init__(self, cost_model: CostModel, spec_acceptance_rate: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, cost_model: CostModel, spec_acceptance_rate: float | None = None, seed: int = 0) -> None:
+        """spec_acceptance_rate: set when the scheduler drafts (speculative decoding), None when it never does."""
         self.cost_model = cost_model
         self._token = SampledToken(DUMMY_TOKEN_ID)
         self.spec_acceptance_rate = spec_acceptance_rate
@@ -38,18 +39,23 @@ class CostModelExecutor:
             parts = self.cost_model.received_step_time(len(scheduled))
         else:
             parts = self.cost_model.price(plan_totals(plan))
-        return StepResult(sampled=self._sampled(plan), duration=parts.pop("total"), breakdown=parts,
-                          spec_sampled=self._spec_sampled(plan))
+        if self.spec_acceptance_rate is None:
+            return StepResult(sampled=self._sampled(plan), duration=parts.pop("total"), breakdown=parts)
+        return StepResult(sampled={s.request_id: self._token for s in plan.scheduled if s.sample and not s.num_spec_tokens},
+                          duration=parts.pop("total"), breakdown=parts, spec_sampled=self._spec_sampled(plan))
 
     def _sampled(self, plan: StepPlan) -> dict[str, SampledToken]:
-        return {s.request_id: self._token for s in plan.scheduled if s.sample and not s.num_spec_tokens}
+        return {s.request_id: self._token for s in plan.scheduled if s.sample}
 
     def _spec_sampled(self, plan: StepPlan) -> dict[str, list[SampledToken]]:
+        """Each verifying request's drafts, kept with probability spec_acceptance_rate each up to the first one
+        rejected, and the sample after them (placeholder tokens)."""
         spec_sampled = {}
+        rate = self.spec_acceptance_rate
         for s in plan.scheduled:
             if s.num_spec_tokens:
                 num_accepted = 0
-                while num_accepted < s.num_spec_tokens and self._random.random() < self.spec_acceptance_rate:
+                while num_accepted < s.num_spec_tokens and self._random.random() < rate:  # type: ignore[operator]
                     num_accepted += 1
                 spec_sampled[s.request_id] = [self._token] * (1 + num_accepted)
         return spec_sampled

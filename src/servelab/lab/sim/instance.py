@@ -21,7 +21,7 @@ class Instance:
     def __init__(self, index: int, role: str, scheduler_config: SchedulerConfig, num_blocks: int, block_size: int,
                  cost_model: CostModel, multi_step: bool = True, started_at: float = 0.0,
                  enable_prefix_caching: bool = False, speculative: SpeculativeConfig | None = None,
-                 spec_acceptance_rate: float = 0.0) -> None:
+                 spec_acceptance_rate: float | None = None) -> None:
         """speculative: each decode step drafts and verifies (SimulatedProposer, accepted at spec_acceptance_rate);
         its steps are priced one by one (a decode run's steps each give one token)."""
         self.index = index
@@ -34,7 +34,8 @@ class Instance:
                                      enable_caching=enable_prefix_caching and not scheduler_config.contiguous)
         proposer = SimulatedProposer(speculative.num_speculative_tokens) if speculative is not None else None
         self.core = EngineCore(Scheduler(scheduler_config, block_manager, proposer),
-                                 CostModelExecutor(cost_model, spec_acceptance_rate, seed=index), self.clock,
+                                 CostModelExecutor(cost_model, spec_acceptance_rate if speculative else None, seed=index),
+                                 self.clock,
                                  stats_sink=self.step_stats.append,
                                  decode_runs=multi_step)
         self.num_outstanding = 0  # routed here and not finished, as the router sees it

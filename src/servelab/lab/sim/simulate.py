@@ -162,7 +162,7 @@ class _Simulation:
         instance = Instance(len(self.instances), role, d.scheduler_config, self.memory.num_blocks, d.block_size,
                             self.cost_model, self.multi_step, started_at=now,
                             enable_prefix_caching=d.enable_prefix_caching, speculative=d.speculative,
-                            spec_acceptance_rate=d.spec_acceptance_rate or 0.0)
+                            spec_acceptance_rate=d.spec_acceptance_rate)
         self.instances.append(instance)
         if role != "decode":
             self.front.append(instance)
