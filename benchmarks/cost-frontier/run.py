@@ -7,6 +7,7 @@ priced with the shipped on-demand prices (lab/catalog/data/prices.json) and with
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ ARGS = ["lab", "advise", "--pareto", "--model", "llama-3.1-70b", "--gpus", "h100
 def main() -> int:
     for name, prices in (("neocloud", DATA / "prices.json"), ("hyperscalers", DATA / "prices-hyperscalers.json")):
         base = [sys.executable, "-m", "servelab.entrypoints.cli", *ARGS, "--prices", str(prices)]
-        text = subprocess.run([*base, "--plot", str(HERE / f"frontier-{name}.png")], check=True, text=True,
+        plot = os.path.relpath(HERE / f"frontier-{name}.png")
+        text = subprocess.run([*base, "--plot", plot], check=True, text=True,
                               stdout=subprocess.PIPE).stdout
         (HERE / f"result-{name}.txt").write_text(text)
         print(text)

@@ -226,6 +226,8 @@ class EngineConfig:
     dtype: str = "float32"
     kv_transfer: KVTransferConfig | None = None
     speculative: SpeculativeConfig | None = None
+    # QUANTIZATION_METHODS, or None for float weights: --quantization as resolved (never "auto")
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         self.parallel.verify_with_model(self.model)

@@ -87,7 +87,7 @@ class EngineArgs:
         parser.add_argument("--quantization", "-q", default="auto", choices=QUANTIZATION_CHOICES,
                             help="auto (default) = the fastest mode measured within the perplexity gate for this "
                                  "model and machine (the default model: int8 with an int8 KV cache; a Hugging Face "
-                                 "folder, an explicit --dtype or -tp > 1: float weights); none = float weights "
+                                 "folder or an explicit --dtype: float weights); none = float weights "
                                  "(--dtype); gguf = run the .gguf file's own quantized blocks (Q8_0, Q4_0, Q4_1, "
                                  "Q4_K) without de-quantizing them; int8 = W8A8 dynamic (int8 weights per channel, "
                                  "activations per token), SmoothQuant-calibrated once and cached")
@@ -132,8 +132,9 @@ class EngineArgs:
                            cache_dtype=self.kv_cache_dtype)
 
     def parallel_config(self) -> ParallelConfig:
-        if self.quantization not in (None, "none", "auto") and self.tensor_parallel_size != 1:
-            raise ValueError("--quantization runs on one rank only; use --tensor-parallel-size 1")
+        if self.quantization == "gguf" and self.tensor_parallel_size != 1:
+            raise ValueError("--quantization gguf runs on one rank only; use --tensor-parallel-size 1, or "
+                             "--quantization int8, which runs at every tensor-parallel size")
         return ParallelConfig(tensor_parallel_size=self.tensor_parallel_size, nnodes=self.nnodes,
                               node_rank=self.node_rank, master_addr=self.master_addr, master_port=self.master_port)
 

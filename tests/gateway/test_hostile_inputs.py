@@ -144,8 +144,9 @@ def test_unicode_and_control_characters_in_stop_strings(server):
 def test_max_tokens_zero_negative_and_huge(server):
     for value in (0, -1, -(2**63)):
         error_of(post(server, {"prompt": "hi", "max_tokens": value}), 400, param="max_tokens")
-    for value in (10**9, 2**64):
+    for value in (10**9, 2**64 - 1):
         error_of(post(server, {"prompt": "hi", "max_tokens": value}), 400, code="context_length_exceeded")
+    error_of(post(server, {"prompt": "hi", "max_tokens": 2**64}), 400, param="max_tokens")  # past 64 bits
     chat = {"messages": [{"role": "user", "content": "hi"}]}
     error_of(post(server, {**chat, "max_tokens": 0}, path="/v1/chat/completions"), 400, param="max_tokens")
     error_of(post(server, {**chat, "max_completion_tokens": 10**9}, path="/v1/chat/completions"), 400,

@@ -87,3 +87,25 @@ def test_health_answers_while_a_long_prefill_runs(server):
     assert latencies
     print(f"/health during a {PREFILL_TOKENS}-token prefill: {len(latencies)} answers, median "
           f"{statistics.median(latencies) * 1e3:.1f} ms, max {max(latencies) * 1e3:.1f} ms")
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "unit"], "properties": {
+        "city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_the_default_model_calls_a_tool_with_valid_arguments(server, tool_choice):
+    """SmolLM2-135M was not trained to call tools; constrained decoding still makes its call valid."""
+    import jsonschema
+
+    body = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}], "tools": [WEATHER_TOOL],
+            "tool_choice": tool_choice, "max_tokens": 60, "temperature": 0}
+    response = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    calls = response.json()["choices"][0]["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == ["get_weather"]
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), WEATHER_TOOL["function"]["parameters"])

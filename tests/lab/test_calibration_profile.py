@@ -1,7 +1,6 @@
 """Calibration profiles: the fitted GPU constants stay physically plausible, each cost-model term does what
 its name says, users' vLLM result files load, and the fit recovers constants it was given."""
 import json
-import math
 from dataclasses import replace
 
 import numpy as np

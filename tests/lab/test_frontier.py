@@ -64,7 +64,7 @@ def test_advise_pareto_json_is_priced_and_consistent(capsys):
     for p in points:
         assert p["usd_per_hour"] == pytest.approx(p["num_gpus"] * p["usd_per_gpu_hour"])
         assert p["usd_per_million_tokens"] == pytest.approx(p["usd_per_hour"] / (p["output_throughput"] * 3600) * 1e6)
-        assert p["fidelity_band"] is None or isinstance(p["fidelity_band"], dict)
+        assert set(p["fidelity_band"]) == {"p99_ttft_ms", "p99_tpot_ms", "output_throughput"}  # error_band.py's
     assert all(p["usd_per_gpu_hour"] == 2.0 for p in points if p["gpu"] == "h100")
     cheapest = out["cheapest"]
     assert cheapest["meets_targets"]

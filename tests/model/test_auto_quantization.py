@@ -41,13 +41,15 @@ def test_a_hugging_face_folder_keeps_float_weights(tiny_llama_dir):
     assert c.quantization is None and "Hugging Face" in c.reason
 
 
-def test_other_gguf_files_and_tensor_parallelism_keep_float_weights(tmp_path):
+def test_other_gguf_files_keep_float_weights(tmp_path):
     assert choice(model=str(tmp_path / "other.Q8_0.gguf")) == (None, "auto")
-    c = resolve_quantization(EngineArgs(tensor_parallel_size=3))
-    assert c.quantization is None and "one rank" in c.reason
-    assert EngineArgs(tensor_parallel_size=3).parallel_config().tensor_parallel_size == 3  # auto is no refusal
-    with pytest.raises(ValueError, match="one rank only"):
-        EngineArgs(quantization="int8", tensor_parallel_size=3).parallel_config()
+
+
+def test_tensor_parallelism_takes_int8_but_not_gguf_blocks():
+    assert choice(tensor_parallel_size=3) == ("int8", "int8")
+    assert EngineArgs(quantization="int8", tensor_parallel_size=3).parallel_config().tensor_parallel_size == 3
+    with pytest.raises(ValueError, match="gguf runs on one rank only"):
+        EngineArgs(quantization="gguf", tensor_parallel_size=3).parallel_config()
 
 
 def test_without_the_kernels_float_weights(monkeypatch):

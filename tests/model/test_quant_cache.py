@@ -15,8 +15,9 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SERVELAB_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache" / "quant"
+    """A quant cache of the test's own (SERVELAB_CACHE_DIR stays: it also holds the compiled kernels)."""
+    monkeypatch.setattr(quant_cache, "cache_folder", lambda: tmp_path / "quant")
+    return tmp_path / "quant"
 
 
 def test_file_hash_is_remembered_until_the_file_changes(cache, tmp_path, monkeypatch):
@@ -66,12 +67,12 @@ def test_int8_weights_are_cached_reused_and_rebuilt(cache, tiny_llama_dir, tmp_p
     def no_calibration(*_):
         raise AssertionError("calibrated although the cache has the entry")
 
+    calibrate = ModelExecutor.linear_input_absmax
     monkeypatch.setattr(ModelExecutor, "linear_input_absmax", no_calibration)
     warm = LLM(str(model), quantization="int8", dtype="bfloat16")
     assert all(torch.equal(v, warm.engine.executor.model.int8_state()[k]) for k, v in state.items())
     assert _greedy(warm) == expected
-    monkeypatch.undo()
-    monkeypatch.setenv("SERVELAB_CACHE_DIR", str(cache.parent))
+    monkeypatch.setattr(ModelExecutor, "linear_input_absmax", calibrate)
 
     entry.write_bytes(entry.read_bytes()[:-8] + b"\0" * 8)  # corrupted: rebuilt and replaced
     rebuilt = LLM(str(model), quantization="int8", dtype="bfloat16")

@@ -51,9 +51,16 @@ class StepPlan:
     preempted_request_ids: list[str] = field(default_factory=list)
     # Structured output (structured_output/manager.py): one row of allowed next tokens per constrained request
     # that samples this step, an int32 numpy array (rows, ceil(vocab / 32)) whose bit t of a row allows
-    # token t; grammar_request_ids names each row's request.
+    # token t; grammar_request_ids names each row's request. While it is being filled (beside the forward
+    # pass) it is a concurrent.futures.Future of that array: read it with grammar_bitmask_now().
     grammar_bitmask: Any = None
     grammar_request_ids: list[str] = field(default_factory=list)
+
+    def grammar_bitmask_now(self) -> Any:
+        """The bitmask array, waiting for it to be filled; None when no request is constrained."""
+        if hasattr(self.grammar_bitmask, "result"):
+            self.grammar_bitmask = self.grammar_bitmask.result()
+        return self.grammar_bitmask
 
     @property
     def num_scheduled_tokens(self) -> int:

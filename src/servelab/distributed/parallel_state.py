@@ -30,6 +30,12 @@ class TensorParallelGroup:
             dist.all_reduce(x)
         return x
 
+    def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
+        """Elementwise maximum of x over the ranks, in place."""
+        if self.world_size > 1:
+            dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        return x
+
     def gather_last_dim(self, x: torch.Tensor) -> torch.Tensor | None:
         """Every rank's x concatenated along the last dimension, on the first rank; None on the others."""
         if self.world_size == 1:

@@ -27,6 +27,7 @@ class WorkerSpec:
     # True when ranks run on several nodes: only rank 0 has a pipe from the driver, and it relays every
     # message to the other ranks with a torch.distributed broadcast.
     relay_messages: bool = False
+    quantization: str | None = None  # EngineConfig.quantization
 
 
 @dataclass(frozen=True)

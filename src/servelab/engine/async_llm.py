@@ -28,12 +28,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Sequence
 
+from servelab.core.block_hash import hash_token_blocks
 from servelab.core.engine_io import EngineCoreRequest, EngineLimits
+from servelab.core.prefix_router import PrefixRouter
 from servelab.engine.core_client import EngineCoreClient, EngineDeadError, EngineStepError
 from servelab.engine.core_protocol import EngineStepOutputs
 from servelab.engine.input_processor import InputProcessor, PromptType
-from servelab.core.block_hash import hash_token_blocks
-from servelab.core.prefix_router import PrefixRouter
 from servelab.engine.engine_loads import EngineLoads
 from servelab.engine.kv_handoff import decode_request, first_token_output, prefill_request
 from servelab.engine.request_stream import RequestStream

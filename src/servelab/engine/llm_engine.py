@@ -90,7 +90,7 @@ class LLMEngine:
         # EngineConfig checks the tensor-parallel size against the model's heads before any process starts.
         config = EngineConfig(model=model_config, cache=cache, scheduler=sched, parallel=args.parallel_config(),
                               dtype=str(dtype).removeprefix("torch."), kv_transfer=args.kv_transfer_config,
-                              speculative=args.speculative())
+                              speculative=args.speculative(), quantization=choice.quantization)
         tokenizer = Tokenizer.from_pretrained(folder)
         if config.parallel.tensor_parallel_size == 1:
             gguf_path = gguf_file(args.model) if args.quantization == "gguf" else None

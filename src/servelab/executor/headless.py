@@ -4,6 +4,7 @@ on node 0's rank 0 relays every step to them over torch.distributed; no API serv
 tokenizer runs here. The node exits when its ranks do: 0 when node 0 shut them down, 1 when one failed."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 from multiprocessing.connection import wait
@@ -21,13 +22,17 @@ COLLECTIVE_TIMEOUT_S = 300.0
 def headless_config(args: EngineArgs) -> tuple[str, EngineConfig]:
     """The model folder and the config every rank of this node builds its shard from; the flags must be
     node 0's (same model, dtype, KV pool), with this node's --node-rank."""
+    from servelab.model.auto_quantization import resolve_quantization
     from servelab.model.loader import load_model_config, resolve_dtype, resolve_model_path
 
+    choice = resolve_quantization(args)  # node 0 resolves the same flags to the same mode
+    args = dataclasses.replace(args, quantization=choice.quantization, kv_cache_dtype=choice.kv_cache_dtype)
     folder = resolve_model_path(args.model)
     model_config = load_model_config(folder)
     config = EngineConfig(model=model_config, cache=args.cache_config(),
                           scheduler=args.scheduler_config(model_config.max_position_embeddings),
-                          parallel=args.parallel_config(), dtype=str(resolve_dtype(args.dtype)).removeprefix("torch."))
+                          parallel=args.parallel_config(), dtype=str(resolve_dtype(args.dtype)).removeprefix("torch."),
+                          quantization=choice.quantization)
     if config.parallel.node_rank == 0:
         raise ValueError("--headless is for nodes with --node-rank > 0: node 0 runs the engine core")
     if config.parallel.master_port is None:

@@ -9,6 +9,7 @@ import hashlib
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,6 +43,40 @@ def os_total_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+_MATRIX_SUFFIXES = tuple(f"{n}_proj.weight" for n in ("q", "k", "v", "o", "gate", "up", "down"))
+
+
+def is_matrix_weight(name: str) -> bool:
+    """A Hugging Face tensor that --quantization int8 replaces (every linear layer's matrix, the untied LM head)."""
+    return name.endswith(_MATRIX_SUFFIXES) or name == "lm_head.weight"
+
+
+@dataclass
+class Int8Entry:
+    """Where --quantization int8's calibration and weights for a model folder are cached (model/quant_cache.py)."""
+    path: Path
+    model_hash: str
+    settings_hash: str
+    loaded: bool = False
+
+    @classmethod
+    def of(cls, folder: Path, dtype: torch.dtype, block_size: int) -> "Int8Entry":
+        model_hash = model_content_hash(folder)
+        settings = config_hash(text_sha256=hashlib.sha256(CALIBRATION_TEXT.read_bytes()).hexdigest(),
+                               alpha=SMOOTHQUANT_ALPHA, chunk_tokens=CALIBRATION_CHUNK_TOKENS,
+                               block_size=block_size, dtype=str(dtype))
+        return cls(entry_path(model_hash, settings), model_hash, settings)
+
+    def load_into(self, model: LlamaForCausalLM) -> bool:
+        """The cached int8 matrices into model (before its float weights load); False where there is no valid
+        entry for them."""
+        cached = load_entry(self.path, self.model_hash, self.settings_hash)
+        self.loaded = cached is not None and model.load_int8(cached)
+        if self.loaded:
+            logger.info("int8 weights from the cache: %s", self.path)
+        return self.loaded
+
+
 class ModelExecutor:
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, cache_dtype: str = "auto") -> None:
         cfg = model.config
@@ -68,10 +103,14 @@ class ModelExecutor:
         # int8 calibrates in chunks of CALIBRATION_CHUNK_TOKENS, whatever the context length
         max_positions = max(max_model_len, CALIBRATION_CHUNK_TOKENS) if quantization == "int8" else max_model_len
         model = LlamaForCausalLM(model_config, dtype, max_positions=max_positions, tp=tp, quantization=quantization)
+        int8_entry = Int8Entry.of(folder, dtype, cache_config.block_size) if quantization == "int8" else None
         if quantization == "gguf":
             if gguf_path is None:
                 raise ValueError("quantization 'gguf' needs the .gguf file")
             model.load_weights(load_gguf_weights(gguf_path, dtype))
+        elif int8_entry is not None and int8_entry.load_into(model):
+            # every matrix is int8 already: its float weights are not read
+            model.load_weights(load_state_dict(folder, dtype, skip=is_matrix_weight))
         else:
             model.load_weights(load_state_dict(folder, dtype))
         model.eval()
@@ -83,22 +122,21 @@ class ModelExecutor:
         if num_blocks < 1:
             raise ValueError("kv_cache_memory is too small to hold a single KV block")
         executor = cls(model, num_blocks, cache_config.block_size, cache_dtype)
-        if quantization == "int8":
-            executor.quantize_int8(folder)
+        if int8_entry is not None and not int8_entry.loaded:
+            executor.quantize_int8(folder, int8_entry)
         return executor
 
-    def quantize_int8(self, folder: Path) -> None:
-        """SmoothQuant-calibrate the float model and make every matrix int8, or load both from the cache
-        (model/quant_cache.py) where an entry for this model's content and this calibration exists."""
+    def quantize_int8(self, folder: Path, entry: "Int8Entry") -> None:
+        """SmoothQuant-calibrate the float model, make every matrix int8 and cache both in entry. A
+        tensor-parallel rank takes its part of the single-rank result (from a single-rank model it calibrates
+        itself), so that every tensor-parallel size runs the same int8 values."""
         model = self.model
-        model_hash = model_content_hash(folder)
-        settings = config_hash(text_sha256=hashlib.sha256(CALIBRATION_TEXT.read_bytes()).hexdigest(),
-                               alpha=SMOOTHQUANT_ALPHA, chunk_tokens=CALIBRATION_CHUNK_TOKENS,
-                               block_size=self.block_size, dtype=str(model.dtype))
-        path = entry_path(model_hash, settings)
-        cached = load_entry(path, model_hash, settings)
-        if cached is not None and model.load_int8(cached):
-            logger.info("int8 weights from the cache: %s", path)
+        if model.tp.world_size > 1:
+            single = ModelExecutor.from_pretrained(
+                folder, model.config, CacheConfig(block_size=self.block_size, num_blocks=1), model.dtype,
+                CALIBRATION_CHUNK_TOKENS, quantization="int8")
+            if not model.load_int8(single.model.int8_state()):
+                raise ValueError("the single-rank int8 weights do not fit this rank's shapes")
             return
         started = time.perf_counter()
         calibration_ids = Tokenizer.from_pretrained(folder).encode(CALIBRATION_TEXT.read_text(encoding="utf-8"))
@@ -106,11 +144,11 @@ class ModelExecutor:
         model.quantize_int8(input_absmax)
         tensors = {**{f"absmax.{name}": v for name, v in input_absmax.items()}, **model.int8_state()}
         try:
-            save_entry(path, tensors, model_hash, settings)
+            save_entry(entry.path, tensors, entry.model_hash, entry.settings_hash)
             logger.info("int8: calibrated on %d tokens and quantized in %.1f s; cached in %s", len(calibration_ids),
-                        time.perf_counter() - started, path)
+                        time.perf_counter() - started, entry.path)
         except OSError as exc:  # a read-only or full cache: the next start calibrates again
-            logger.warning("could not cache the int8 weights in %s: %s", path, exc)
+            logger.warning("could not cache the int8 weights in %s: %s", entry.path, exc)
 
     def linear_input_absmax(self, token_ids: list[int]) -> dict[str, torch.Tensor]:
         """max |x| per input channel of every linear layer while the float model prefills token_ids in chunks
@@ -281,7 +319,7 @@ def _grammar_rows(plan: StepPlan, sampled: list[ScheduledRequest]) -> torch.Tens
     """The plan's grammar bitmask laid out as the sampled rows (all tokens allowed where a row has no grammar)."""
     if plan.grammar_bitmask is None:
         return None
-    source = torch.from_numpy(plan.grammar_bitmask)
+    source = torch.from_numpy(plan.grammar_bitmask_now())
     where = {request_id: row for row, request_id in enumerate(plan.grammar_request_ids)}
     bitmask = torch.full((len(sampled), source.shape[1]), -1, dtype=torch.int32)
     for i, s in enumerate(sampled):

@@ -153,7 +153,8 @@ def spawn_workers(folder: Path, config: EngineConfig, store_host: str, store_por
         for rank in parallel.local_ranks:
             spec = WorkerSpec(folder, config.model, config.cache, config.dtype, config.scheduler.max_model_len,
                               rank, parallel.tensor_parallel_size, store_host, store_port, num_threads,
-                              collective_timeout_s, relay_messages=parallel.nnodes > 1)
+                              collective_timeout_s, relay_messages=parallel.nnodes > 1,
+                              quantization=config.quantization)
             parent, child = context.Pipe()
             process = context.Process(target=run_worker, args=(spec, child), name=f"servelab-tp-rank{rank}",
                                       daemon=True)
@@ -218,6 +219,7 @@ class MultiprocExecutor:
         if not self._finalizer.alive:
             raise WorkerError("the tensor-parallel workers have been stopped")
         start = time.perf_counter()
+        plan.grammar_bitmask_now()  # the ranks get the filled array, not its future
         try:
             self._workers.broadcast(ExecuteStep(plan))
             [done] = self._workers.receive([0], self.step_timeout_s)

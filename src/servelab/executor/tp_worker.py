@@ -65,7 +65,7 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
     tp = init_tensor_parallel(spec.rank, spec.world_size, spec.store_host, spec.store_port, torch.device("cpu"),
                               spec.collective_timeout_s)
     executor = ModelExecutor.from_pretrained(spec.folder, spec.model, spec.cache, DTYPES[spec.dtype],
-                                             spec.max_model_len, tp=tp)
+                                             spec.max_model_len, tp=tp, quantization=spec.quantization)
     ready = WorkerReady(spec.rank, os.getpid(), socket.gethostname(), executor.weight_bytes, executor.num_blocks)
     ranks = tp.all_gather_object(ready)
     if tp.is_first_rank:

@@ -325,8 +325,10 @@ def frontier(request: FrontierRequest) -> FrontierResult:
             skipped[gpu] = str(err)
     counts = tuple(n for n in DEFAULT_GPU_COUNTS if n <= request.max_gpus) or (request.max_gpus,)
     workload = generate_workload(request.workload)
+    requests = {gpu: replace(request.deployment, gpu=gpu) for gpu in bases}
     return FrontierResult(search(bases, prices, workload, targets, counts, request.max_num_seqs,
-                                 request.latency_metric, skipped), request.workload)
+                                 request.latency_metric, skipped,
+                                 lambda e: requests[e.deployment.device.id].error_bands(e)), request.workload)
 
 
 def workload_json(config: WorkloadConfig) -> dict:

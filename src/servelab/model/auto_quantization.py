@@ -5,11 +5,10 @@ The order (the first rule that applies decides):
 2. an explicit --dtype asks for float weights in that dtype;
 3. a Hugging Face folder keeps its float weights unless the user asks otherwise, as vLLM does;
 4. without servelab's CPU kernels (not built, or SERVELAB_NO_KERNELS=1) the quantized paths are slow: float weights;
-5. tensor parallelism (-tp > 1) runs float weights: int8 runs on one rank (EngineArgs refuses --quantization there);
-6. the default model: MEASURED_FASTEST, the fastest mode measured that stays within the perplexity gate
+5. the default model: MEASURED_FASTEST, the fastest mode measured that stays within the perplexity gate
    (3% of bf16 at ctx 512 and 256; docs/precision.md has the table and the commands);
-7. any other .gguf file: float weights, since no mode has been measured against the gate for it.
-Rules 2-7 keep an explicit --kv-cache-dtype int8; --kv-cache-dtype auto then means the model's dtype, except under
+6. any other .gguf file: float weights, since no mode has been measured against the gate for it.
+Rules 2-6 keep an explicit --kv-cache-dtype int8; --kv-cache-dtype auto then means the model's dtype, except under
 rule 6, which picks the KV cache dtype measured with the weights."""
 from __future__ import annotations
 
@@ -62,8 +61,6 @@ def resolve_quantization(args: EngineArgs) -> QuantizationChoice:
 
     if cpu_ops() is None:
         return float_weights("servelab's CPU kernels are not available here")
-    if args.tensor_parallel_size != 1:
-        return float_weights("int8 runs on one rank; -tp > 1 runs float weights")
     if not is_default_model(args.model):
         return float_weights("no quantized mode measured for this .gguf file; --quantization int8 or gguf to try one")
     quantization, measured_kv = MEASURED_FASTEST

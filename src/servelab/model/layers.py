@@ -53,13 +53,19 @@ class QuantizableLinear(nn.Module):
         return self.weight if self.quantized is None else self.quantized
 
     def _set_quantized(self, quantized: QuantizedWeight) -> None:
-        if self.tp.world_size != 1:
-            raise ValueError("quantized weights run on one rank only (tensor_parallel_size 1)")
+        if self.tp.world_size != 1 and not isinstance(quantized, Int8Weight):
+            raise ValueError("GGUF blocks run on one rank only (tensor_parallel_size 1)")
         self.quantized = quantized
         self.weight = _weight(0, dtype=self.weight.dtype)
 
     def quantize_int8(self, smooth: torch.Tensor | None = None) -> None:
+        if self.tp.world_size != 1:
+            raise ValueError("quantize the whole matrix on one rank, then shard_int8 it")
         self._set_quantized(Int8Weight.from_float(self.weight, smooth))
+
+    def shard_int8(self, full: Int8Weight) -> Int8Weight:
+        """This rank's part of the whole matrix's int8 weight (the same values a single rank holds)."""
+        raise NotImplementedError
 
 
 def _fused_parts(parts: list) -> GGUFWeight | list[torch.Tensor]:
@@ -79,6 +85,7 @@ class ColumnParallelLinear(QuantizableLinear):
         super().__init__()
         self.tp = tp
         self.output_sizes = tuple(size // tp.world_size for size in output_sizes)  # this rank's, per part
+        self.full_output_sizes = tuple(output_sizes)  # the whole matrix's, per part
         self.weight = _weight(sum(self.output_sizes), input_size, dtype=dtype)  # (sum(output_sizes), input_size)
         self.bias = _weight(sum(self.output_sizes), dtype=dtype) if bias else None
 
@@ -89,11 +96,16 @@ class ColumnParallelLinear(QuantizableLinear):
     def _shard(self, parts: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat([full.narrow(0, self.shard_start(i), self.output_sizes[i]) for i, full in enumerate(parts)])
 
+    def shard_int8(self, full: Int8Weight) -> Int8Weight:
+        rows = lambda t: self._shard(list(t.split(self.full_output_sizes)))  # noqa: E731
+        return Int8Weight(rows(full.qweight), rows(full.scale), full.inv_smooth)
+
     def load(self, weights: list[torch.Tensor | GGUFWeight], biases: list[torch.Tensor] | None = None) -> None:
         """Full (unsharded) weights of each fused part, in order; this rank keeps its rows. GGUF
         blocks of one type are kept as stored."""
-        fused = _fused_parts(weights)
-        if isinstance(fused, GGUFWeight):
+        if isinstance(self.quantized, Int8Weight):
+            pass  # int8 from the cache already (the float weights were not read)
+        elif isinstance(fused := _fused_parts(weights), GGUFWeight):
             self._set_quantized(fused)
         else:
             self.weight.data.copy_(self._shard(fused))
@@ -119,6 +131,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_kv_head_replicas = max(1, n // num_kv_heads)
         sizes = (num_heads * head_dim, self.num_kv_heads * head_dim * n, self.num_kv_heads * head_dim * n)
         super().__init__(hidden_size, sizes, tp, dtype, bias)
+        self.full_output_sizes = (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim)
 
     def shard_start(self, part: int) -> int:
         if part == 0:
@@ -136,13 +149,22 @@ class RowParallelLinear(QuantizableLinear):
         self.input_size = input_size // tp.world_size  # this rank's
         self.weight = _weight(output_size, self.input_size, dtype=dtype)  # (output_size, input_size / N)
 
-    def load(self, weight: torch.Tensor | GGUFWeight) -> None:
+    def load(self, weight: torch.Tensor | GGUFWeight | None) -> None:
+        if isinstance(self.quantized, Int8Weight):
+            return  # int8 from the cache already (the float weights were not read)
         if isinstance(weight, GGUFWeight):
             self._set_quantized(weight)
         else:
             self.weight.data.copy_(weight.narrow(1, self.tp.rank * self.input_size, self.input_size))
 
+    def shard_int8(self, full: Int8Weight) -> Int8Weight:
+        start, n = self.tp.rank * self.input_size, self.input_size
+        return Int8Weight(full.qweight.narrow(1, start, n).contiguous(), full.scale,
+                          None if full.inv_smooth is None else full.inv_smooth.narrow(0, start, n).contiguous())
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.quantized, Int8Weight) and self.tp.world_size > 1:
+            return self.quantized.linear_row_parallel(x, self.tp).to(x.dtype)  # exact: integers all-reduced
         return self.tp.all_reduce(linear(x, self.matrix))
 
 
@@ -160,13 +182,22 @@ class VocabParallelEmbedding(QuantizableLinear):
         self.vocab_end = min(self.vocab_start + self.num_embeddings, vocab_size)
         self.weight = _weight(self.num_embeddings, hidden_size, dtype=dtype)  # (vocab_size / N, hidden)
 
-    def load(self, weight: torch.Tensor | GGUFWeight) -> None:
+    def load(self, weight: torch.Tensor | GGUFWeight | None) -> None:
+        if isinstance(self.quantized, Int8Weight):
+            return  # an int8 LM head from the cache already (the float weights were not read)
         if isinstance(weight, GGUFWeight):
             self._set_quantized(weight)
             return
         rows = weight[self.vocab_start:self.vocab_end]
         self.weight.data[len(rows):].zero_()
         self.weight.data[:len(rows)].copy_(rows)
+
+    def shard_int8(self, full: Int8Weight) -> Int8Weight:
+        """This rank's vocabulary rows; the last rank's padding rows are zero."""
+        pad = self.num_embeddings - (self.vocab_end - self.vocab_start)
+        qweight, scale = full.qweight[self.vocab_start:self.vocab_end], full.scale[self.vocab_start:self.vocab_end]
+        return Int8Weight(F.pad(qweight, (0, 0, 0, pad)).contiguous(), F.pad(scale, (0, pad), value=1.0).contiguous(),
+                          full.inv_smooth)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if isinstance(self.quantized, GGUFWeight):

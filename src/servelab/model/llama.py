@@ -126,7 +126,7 @@ class DecoderLayer(nn.Module):
         x = self.o_proj(attn)
         ops.add_rms_norm_(x, residual, norms[1], self.eps)
         gate_up, down = self.gate_up_proj.quantized, self.down_proj.quantized
-        if isinstance(gate_up, Int8Weight) and isinstance(down, Int8Weight):
+        if isinstance(gate_up, Int8Weight) and isinstance(down, Int8Weight) and self.down_proj.tp.world_size == 1:
             # W8A8 (one rank only): int32 accumulators to down_proj's int8 input in one pass.
             acc, x_scale = gate_up.matmul_int32(x)
             x = down.linear_int8(*ops.silu_mul_quantize_int8(acc, x_scale, gate_up.scale, down.inv_smooth))
@@ -181,8 +181,8 @@ class DecoderLayer(nn.Module):
 
     @property
     def is_w8a8(self) -> bool:
-        """Every matrix W8A8 and no qkv bias: forward_w8a8 applies."""
-        return self.qkv_proj.bias is None and all(
+        """Every matrix W8A8, one rank and no qkv bias: forward_w8a8 applies."""
+        return self.qkv_proj.bias is None and self.qkv_proj.tp.world_size == 1 and all(
             isinstance(m.quantized, Int8Weight) for m in (self.qkv_proj, self.o_proj, self.gate_up_proj, self.down_proj))
 
 
@@ -318,15 +318,22 @@ class LlamaForCausalLM(nn.Module):
         return state
 
     def load_int8(self, state: dict[str, torch.Tensor]) -> bool:
-        """quantize_int8's result from int8_state's tensors; False (nothing changed) when a matrix is missing or
-        has another shape."""
-        layers = self.named_linear_layers()
-        if any(f"{name}.qweight" not in state or tuple(state[f"{name}.qweight"].shape) != tuple(linear.weight.shape)
-               for name, linear in layers.items()):
-            return False
-        for name, linear in layers.items():
-            linear._set_quantized(Int8Weight(state[f"{name}.qweight"], state[f"{name}.scale"],
-                                             state.get(f"{name}.inv_smooth")))
+        """quantize_int8's result on one rank, from int8_state's tensors, each rank keeping its part (so every
+        tensor-parallel size holds the same int8 values); False (nothing changed) when a matrix is missing or its
+        part has another shape than this rank's weight."""
+        shards = {}
+        for name, linear in self.named_linear_layers().items():
+            if f"{name}.qweight" not in state:
+                return False
+            full = Int8Weight(state[f"{name}.qweight"], state[f"{name}.scale"], state.get(f"{name}.inv_smooth"))
+            try:
+                shards[name] = full if self.tp.world_size == 1 else linear.shard_int8(full)
+            except RuntimeError:  # a matrix of another size: another model
+                return False
+            if tuple(shards[name].qweight.shape) != tuple(linear.weight.shape):
+                return False
+        for name, linear in self.named_linear_layers().items():
+            linear._set_quantized(shards[name])
         self._w8a8_layers = self._gather_w8a8_layers()
         return True
 
@@ -361,9 +368,10 @@ class LlamaForCausalLM(nn.Module):
         sd = {k.removeprefix("model."): v for k, v in state_dict.items()}  # copy_ casts to self.dtype
         self.embedding.load(sd.pop("embed_tokens.weight"))
         self.norm.data.copy_(sd.pop("norm.weight"))
+        has_head = "lm_head.weight" in sd  # its value is None where an int8 head from the cache replaces it
         head = sd.pop("lm_head.weight", None)
         if not self.config.tie_word_embeddings:
-            if head is None:
+            if not has_head:
                 raise ValueError("checkpoint has no lm_head.weight and tie_word_embeddings is false")
             self.head.load(head)
         for i, layer in enumerate(self.layers):
@@ -390,6 +398,8 @@ class LlamaForCausalLM(nn.Module):
             # One C++ call per step has no room for all-reduces: the single-process engine only.
             if self.tp.world_size == 1 and self.quantization != "int8":
                 self._decode_runner = self._build_decode_runner()
+            if self.layers[0].qkv_proj.quantized is not None:  # int8 loaded before the float weights (the cache)
+                self._w8a8_layers = self._gather_w8a8_layers()
 
     def _build_decode_runner(self):
         """The fused path's decode step of one sequence as one C++ call (kernels/decode_step.cpp), on

@@ -33,8 +33,9 @@ def load_model_config(folder: Path) -> ModelSpec:
         raise ValueError(f"{path}: {e}") from e
 
 
-def load_state_dict(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Every tensor of every *.safetensors file in `folder`, cast to `dtype`, under its file name.
+def load_state_dict(folder: Path, dtype: torch.dtype, skip=None) -> dict[str, torch.Tensor | None]:
+    """Every tensor of every *.safetensors file in `folder`, cast to `dtype`, under its file name; None (not
+    read) for the names skip(name) is true for.
 
     Nothing is added: with tied embeddings there is usually no lm_head.weight, and the model must
     use model.embed_tokens.weight.
@@ -50,7 +51,7 @@ def load_state_dict(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]
             for name in f.keys():
                 if name in state_dict:
                     raise ValueError(f"tensor {name!r} appears in more than one file in {folder}")
-                state_dict[name] = f.get_tensor(name).to(dtype)
+                state_dict[name] = None if skip is not None and skip(name) else f.get_tensor(name).to(dtype)
     return state_dict
 
 

@@ -87,6 +87,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the entry from other users of a shared cache
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -166,6 +166,20 @@ class Int8Weight:
 
         return cpu_ops().argmax_rows_int32(*self.matmul_int32(x.reshape(-1, x.shape[-1]).float()), self.scale)
 
+    def linear_row_parallel(self, x: torch.Tensor, tp) -> torch.Tensor:
+        """This rank's columns of x (M, K / N) times its columns of the weight, summed over the ranks: the same
+        fp32 (M, num_rows) as linear() of the whole row on one rank, bit for bit. Each row is quantized with the
+        maximum over every rank's columns (an all-reduce of M values) and the int32 products are summed exactly
+        (an all-reduce of integers), before the one de-quantization linear_int8 does."""
+        flat = x.reshape(-1, x.shape[-1]).float()
+        if self.inv_smooth is not None:
+            flat = flat * self.inv_smooth
+        scale = tp.all_reduce_max(flat.abs().amax(dim=1, keepdim=True)).clamp_(min=1e-8) / 127
+        x_q = torch.round(flat / scale).clamp_(-127, 127).to(torch.int8)
+        y = tp.all_reduce(int8_matmul(x_q, self.qweight)).float()
+        y.mul_(scale).mul_(self.scale)
+        return y.view(*x.shape[:-1], self.qweight.shape[0])
+
     def linear_int8(self, x_q: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
         """Already-quantized rows (M, K) int8 with scales (M, 1) times the weight: fp32 (M, N)."""
         from servelab.kernels import cpu_ops

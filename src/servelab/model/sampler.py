@@ -122,15 +122,23 @@ def plain_greedy(rows: list[SamplingRow]) -> bool:
                and not r.params.shapes_logits for r in rows)
 
 
-def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """(num_rows, vocab_size) bool from an int32 bitmask (num_rows, ceil(vocab / 32)): bit t of a row allows
-    token t (llguidance's and xgrammar's layout)."""
+# Added to a forbidden token's logit: finite (so no inf - inf), and exp() of it minus any logit is 0.
+_FORBIDDEN_LOGIT = -3.0e38
+
+
+def forbid_tokens_(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """In place on float32 logits (num_rows, vocab): push down every token a row's bitmask does not allow. The
+    int32 bitmask (num_rows, ceil(vocab / 32)) allows token t where bit t of its row is set (llguidance's and
+    xgrammar's layout)."""
+    vocab_size = logits.shape[1]
     if bitmask.device.type == "cpu":
-        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")
-        return torch.from_numpy(bits[:, :vocab_size]).bool()
+        # Branchless: a masked_fill over a patchy mask costs ~7x this add on a CPU (64 x 49k: 20 ms vs 3 ms).
+        bits = np.unpackbits(np.invert(bitmask.numpy()).view(np.uint8), axis=1, bitorder="little")
+        logits.add_(torch.from_numpy(bits[:, :vocab_size]).to(torch.float32), alpha=_FORBIDDEN_LOGIT)
+        return
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
-    return bits.flatten(1)[:, :vocab_size].bool()
+    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).flatten(1)[:, :vocab_size]
+    logits.masked_fill_(allowed == 0, float("-inf"))
 
 
 def shape_logits_(logits: torch.Tensor, rows: list[SamplingRow], grammar_bitmask: torch.Tensor | None) -> None:
@@ -147,11 +155,12 @@ def shape_logits_(logits: torch.Tensor, rows: list[SamplingRow], grammar_bitmask
     if not constrained:
         return
     idx = _index(constrained, logits.shape[0], logits.device)
-    allowed = allowed_tokens(_take(grammar_bitmask, idx), logits.shape[1])
     if idx is None:
-        logits.masked_fill_(~allowed, float("-inf"))
+        forbid_tokens_(logits, grammar_bitmask)
     else:
-        logits.index_copy_(0, idx, logits.index_select(0, idx).masked_fill_(~allowed, float("-inf")))
+        rows_logits = logits.index_select(0, idx)
+        forbid_tokens_(rows_logits, _take(grammar_bitmask, idx))
+        logits.index_copy_(0, idx, rows_logits)
 
 
 class Sampler:
@@ -171,7 +180,8 @@ class Sampler:
         model_logits = logits
         if any(p.shapes_logits for p in params):
             # Logprobs describe the model (with its penalties); the bias and the grammar only steer the draw.
-            logits = logits.clone()
+            if any(p.logprobs is not None for p in params):
+                logits = logits.clone()
             shape_logits_(logits, rows, grammar_bitmask)
 
         token_ids = torch.empty(num_rows, dtype=torch.long, device=device)

@@ -55,6 +55,8 @@ class StructuredOutputManager:
         self._templates: OrderedDict[StructuredOutputsParams, Future] = OrderedDict()
         self._grammars: dict[str, _RequestGrammar] = {}
         self._mask_executor: llguidance.LLExecutor | None = None
+        # fills each step's bitmask while the forward pass runs (llguidance drops the GIL)
+        self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
 
     # ---- requests
     def add_request(self, request: Request) -> None:
@@ -83,6 +85,7 @@ class StructuredOutputManager:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._fill_pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- compiling
     def _template(self, params: StructuredOutputsParams) -> Future:
@@ -125,17 +128,22 @@ class StructuredOutputManager:
         return grammar.matcher
 
     # ---- the step
-    def fill_bitmask(self, plan: StepPlan) -> None:
+    def fill_bitmask(self, plan: StepPlan, overlap: bool = True) -> None:
         """Set plan.grammar_bitmask to one row of allowed tokens (bit t of row i: token t may follow) for each
-        constrained request that samples this step, and plan.grammar_rows to their request ids, in row order."""
+        constrained request that samples this step, and plan.grammar_request_ids to their request ids, in row
+        order. With overlap the rows are filled on a thread while the step's forward pass runs, and
+        plan.grammar_bitmask is the Future of the array until the sampler needs it (plan.grammar_bitmask_now)."""
         grammars = self._grammars
-        rows = [(s.request_id, grammars[s.request_id]) for s in plan.scheduled
-                if s.sample and s.request_id in grammars]
+        rows = [grammars[s.request_id] for s in plan.scheduled if s.sample and s.request_id in grammars]
         if not rows:
             return
+        plan.grammar_request_ids = [grammar.request.request_id for grammar in rows]
+        plan.grammar_bitmask = self._fill_pool.submit(self._fill, rows) if overlap else self._fill(rows)
+
+    def _fill(self, rows: list[_RequestGrammar]) -> np.ndarray:
         bitmask = np.full((len(rows), self.num_words), -1, dtype=np.int32)
         matchers = []
-        for index, (_, grammar) in enumerate(rows):
+        for index, grammar in enumerate(rows):
             matcher = self._matcher(grammar)
             if matcher is None or matcher.is_error():
                 self._only_eos(bitmask, index)
@@ -147,8 +155,7 @@ class StructuredOutputManager:
             if self._mask_executor is None:
                 self._mask_executor = llguidance.LLExecutor()
             fill_next_token_bitmask_par(self._mask_executor, matchers, bitmask)
-        plan.grammar_bitmask = bitmask
-        plan.grammar_request_ids = [request_id for request_id, _ in rows]
+        return bitmask
 
     def _only_eos(self, bitmask: np.ndarray, index: int) -> None:
         """A request whose grammar failed may only end."""
@@ -159,6 +166,7 @@ class StructuredOutputManager:
     def accept_tokens(self, plan: StepPlan, result: StepResult) -> list[str]:
         """Advance the matchers of plan's constrained requests by their sampled tokens; the ids of those whose
         grammar is complete (nothing may follow) or failed, which are to stop."""
+        plan.grammar_bitmask_now()  # the matchers are the fill's until it is done
         terminated = []
         for request_id in plan.grammar_request_ids:
             grammar = self._grammars.get(request_id)

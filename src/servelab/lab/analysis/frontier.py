@@ -4,7 +4,6 @@ Pareto frontiers planners draw (AIConfigurator, Vidur-Search): tokens/s per GPU 
 and $ per million output tokens against SLO attainment."""
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -23,7 +22,8 @@ LATENCY_METRICS = ("p99_ttft_ms", "p90_ttft_ms", "median_ttft_ms", "p99_tpot_ms"
 class FrontierPoint:
     evaluation: Evaluation
     price: GpuPrice
-    fidelity_band: dict | None = None  # the cost model's error band on this GPU, where measured
+    # the calibration's error bands (lab/analysis/error_band.py) of the point's TTFT, TPOT and throughput
+    fidelity_band: dict | None = None
 
     @property
     def deployment(self) -> Deployment:
@@ -113,28 +113,16 @@ def _cost_dominates(a: FrontierPoint, b: FrontierPoint) -> bool:
     return ca <= cb and sa >= sb and (ca < cb or sa > sb)
 
 
-def fidelity_band(device_id: str) -> dict | None:
-    """The cost model's measured error band on device_id (lab/analysis/error_band.py, where that module exists
-    and has a band for the GPU); None where nothing was measured."""
-    try:
-        module = importlib.import_module("servelab.lab.analysis.error_band")
-    except ImportError:
-        return None
-    lookup = getattr(module, "error_band_for", None) or getattr(module, "band_for", None)
-    if lookup is None:
-        return None
-    try:
-        band = lookup(device_id)
-    except (KeyError, ValueError):
-        return None
-    return band.to_json() if hasattr(band, "to_json") else band
+BANDED = ("p99_ttft_ms", "p99_tpot_ms", "output_throughput")
 
 
 def search(bases: dict[str, Deployment], prices: dict[str, GpuPrice], workload: list[SampledRequest],
            targets: Targets, gpu_counts: tuple[int, ...] = DEFAULT_GPU_COUNTS,
            max_num_seqs: tuple[int, ...] = DEFAULT_MAX_NUM_SEQS, latency_metric: str = "p99_ttft_ms",
-           skipped: dict[str, str] | None = None) -> Frontier:
-    """bases: per GPU id, a deployment carrying that GPU's calibrated efficiency and the engine settings."""
+           skipped: dict[str, str] | None = None,
+           error_bands: Callable[[Evaluation], dict | None] = lambda e: None) -> Frontier:
+    """bases: per GPU id, a deployment carrying that GPU's calibrated efficiency and the engine settings;
+    error_bands: an evaluation's bands (`lab simulate --json`'s "error_bands"), of which each point keeps BANDED."""
     if latency_metric not in LATENCY_METRICS:
         raise ValueError(f"latency metric must be one of {', '.join(LATENCY_METRICS)}")
     max_request = max(w.prompt_len + w.output_len for w in workload)
@@ -144,7 +132,6 @@ def search(bases: dict[str, Deployment], prices: dict[str, GpuPrice], workload: 
         if gpu not in prices:
             skipped[gpu] = "no cited price (give one with --price GPU=USD)"
             continue
-        band = fidelity_band(gpu)
         for num_gpus in gpu_counts:
             for shape in shapes(base, num_gpus):
                 for seqs in max_num_seqs:
@@ -154,6 +141,8 @@ def search(bases: dict[str, Deployment], prices: dict[str, GpuPrice], workload: 
                     e = evaluate(d, workload, targets)
                     num_simulated += 1
                     if e.fits and e.metrics["output_throughput"] > 0:
+                        bands = error_bands(e)
+                        band = {k: v for k, v in bands["metrics"].items() if k in BANDED} if bands else None
                         points.append(FrontierPoint(e, prices[gpu], band))
     passing = [p for p in points if p.evaluation.meets_targets]
     cheapest = min(passing, key=lambda p: (p.usd_per_million_tokens, p.evaluation.metrics[latency_metric]),

@@ -33,8 +33,8 @@ def format_frontier(f: Frontier, all_points: bool = False) -> list[str]:
                      f"${c.usd_per_hour:,.2f}/h, ${c.usd_per_million_tokens:,.3f} per million output tokens "
                      f"({c.price.provider or 'price'} ${c.price.usd_per_gpu_hour:g}/GPU-h"
                      + (f", {c.price.date}" if c.price.date else "") + ")")
-        if c.fidelity_band:
-            lines.append(f"  fidelity band on {c.deployment.device.id}: {c.fidelity_band}")
+        for metric, band in (c.fidelity_band or {}).items():
+            lines.append(f"  {metric} error band {band['text']}")
     lines.append(f"throughput frontier (tokens/s per GPU vs {f.latency_metric}):")
     lines += format_table(f.throughput_frontier)
     lines.append("cost frontier ($ per million output tokens vs SLO attainment):")

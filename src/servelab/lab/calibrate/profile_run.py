@@ -128,6 +128,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     # is measured at the end
     spec_args = EngineArgs.from_cli_args(args)
     engine_args = dataclasses.replace(spec_args, speculative_config=None)
+    if engine_args.quantization == "auto":  # the cost model prices float weights and KV: profile those
+        engine_args = dataclasses.replace(engine_args, quantization="none")
     if engine_args.schedule != "continuous":
         raise ValueError("profile the engine with --schedule continuous; the lab selects stages itself")
     spec = profiled_model_spec(args.model)

@@ -52,6 +52,8 @@ class SimulatedWorkload:
     # the run's published mean output where its client let outputs end at EOS (WorkloadConfig.eos_mean_output);
     # optional in the data
     eos_mean_output: float | None = None
+    # random only: lengths uniform in [len * (1 - r), len * (1 + r)] (WorkloadConfig.range_ratio); optional in the data
+    range_ratio: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,7 @@ def parse_point(entry: dict, check_catalog: bool = True) -> ReferencePoint:
     _require(entry["source"], tuple(Source.__dataclass_fields__), f"{pid}.source")
     _require(entry["workload"], tuple(Workload.__dataclass_fields__), f"{pid}.workload")
     _require(entry["workload"]["simulate"], tuple(f for f in SimulatedWorkload.__dataclass_fields__
-                                                       if f not in ("arrival_rng", "eos_mean_output")),
+                                                       if f not in ("arrival_rng", "eos_mean_output", "range_ratio")),
              f"{pid}.workload.simulate")
     _require(entry["metric"], tuple(Metric.__dataclass_fields__), f"{pid}.metric")
     w = entry["workload"]
@@ -254,5 +256,6 @@ def to_simulation(point: ReferencePoint, num_prompts: int | None = None, seed: i
         max_num_batched_tokens=point.engine_settings.get("max_num_batched_tokens"), **point.deployment_flags)
     workload = WorkloadConfig(dataset=s.dataset, num_prompts=min(num_prompts or s.num_prompts, s.num_prompts), input_len=s.input_len,
                               output_len=s.output_len, request_rate=point.workload.request_rate, seed=seed,
-                              arrival_rng=s.arrival_rng, eos_mean_output=s.eos_mean_output)
+                              arrival_rng=s.arrival_rng, eos_mean_output=s.eos_mean_output,
+                              range_ratio=s.range_ratio)
     return Simulation(deployment, workload, point.metric.name)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from servelab.executor.efficiency import ENGINES
+from servelab.lab.catalog.calibration import DEFAULT_CALIBRATION, load_calibration
 from servelab.lab.catalog.reference import REFERENCE_DIR, ReferenceDataError, ReferencePoint, check_unique_ids, \
     lab_gaps, parse_point
 
@@ -86,6 +87,15 @@ def load_rejected() -> tuple[dict, ...]:
     return entries
 
 
+def set_gaps(p: ReferencePoint) -> list[str]:
+    """What the lab lacks to simulate the point: catalog entries, workload features, and an engine key the
+    shipped calibration has no constants for."""
+    engine = p.deployment_flags["engine"]
+    known = load_calibration(DEFAULT_CALIBRATION).engines()
+    missing = [] if engine in known else [f"engine key {engine!r} not in calibration {DEFAULT_CALIBRATION!r}"]
+    return lab_gaps(p) + missing
+
+
 def precision(p: ReferencePoint) -> str:
     return p.deployment_flags.get("quantization") or p.dtype
 
@@ -108,7 +118,9 @@ def load_level(p: ReferencePoint) -> str:
     """batch 1 (one request alone), a batch or concurrency, a finite rate, or saturation (all at once)."""
     w = p.workload
     if w.max_concurrency is not None:
-        return "batch 1" if w.max_concurrency <= BATCH_ONE else f"batch/concurrency {w.max_concurrency}"
+        b = w.max_concurrency
+        return next(name for name, top in (("batch 1", BATCH_ONE), ("batch 2-8", 8), ("batch 9-64", 64),
+                                           ("batch >64", float("inf"))) if b <= top)
     return "saturation (all at once)" if w.request_rate == float("inf") else "finite rate"
 
 
@@ -123,7 +135,7 @@ def summary(points=None) -> dict:
         "by_engine_version": count(lambda p: f"{p.engine} {p.engine_version}"),
         "by_gpu": count(lambda p: p.gpu), "by_tp": count(lambda p: p.tp), "by_context": count(context_bucket),
         "by_pd": count(pd_ratio), "by_load": count(load_level), "by_metric": count(lambda p: p.metric.name),
-        "lab_gaps": dict(sorted(Counter(g for p in points for g in lab_gaps(p)).items())),
+        "lab_gaps": dict(sorted(Counter(g for p in points for g in set_gaps(p)).items())),
     }
 
 
@@ -156,7 +168,7 @@ def format_readme() -> str:
         "with the reason. `reference.FIT_SOURCES` names the sources the shipped calibration is fitted to.",
         "",
         "```bash",
-        "python -m servelab.lab.catalog.reference_files                 # counts by precision, engine, GPU, context, P:D, load",
+        "python -m servelab.lab.catalog.reference_files                 # counts: precision, engine, GPU, context, P:D, load",
         "python -m servelab.lab.catalog.reference_files --write-readme  # this file",
         "```",
         "",

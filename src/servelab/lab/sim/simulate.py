@@ -231,8 +231,10 @@ class _Simulation:
             request = Request(str(index), prefix_shared_prompt(index, w), self.params, max_tokens, (), time,
                               cache_prefix=True)
         balancer = self.front_balancer
-        hashes = (hash_token_blocks(request.prompt_token_ids, self.d.block_size)
-                  if balancer.needs_block_hashes and request.cache_prefix else [])
+        hashes: list[bytes] = []
+        if balancer.needs_block_hashes and request.cache_prefix:
+            # the scheduler's prefix lookup reads the same chain from the request: hashed once
+            hashes = request.block_hashes = hash_token_blocks(request.prompt_token_ids, self.d.block_size)
         instance: Instance = balancer.pick(hashes)  # type: ignore[assignment]  # its pool's instances
         instance.add_request(request)
         self._wake(instance, time)
