@@ -45,11 +45,13 @@ def test_greedy_identical_with_speculation(model_dir, budget):
 def test_lab_profile_measures_acceptance(tiny_llama_dir):
     """`lab profile --spec-acceptance-only`'s measurement: the counts agree with each other and the fitted rate
     gives the measured tokens per decode step."""
+    from servelab.bench.grounded_prompts import code_edit_prompts
     from servelab.config import SpeculativeConfig
     from servelab.lab.calibrate.spec_acceptance import measure_acceptance, tokens_per_step
 
     llm = LLM(str(tiny_llama_dir), dtype="float32", speculative_config=SPEC)
-    m = measure_acceptance(llm.engine, SpeculativeConfig(**SPEC), num_prompts=2, max_tokens=24)
+    short = code_edit_prompts(4)[2:]  # two short functions: within the tiny model's 512 positions
+    m = measure_acceptance(llm.engine, SpeculativeConfig(**SPEC), short, max_tokens=24)
     assert m["num_decode_tokens"] <= 2 * 23 and m["num_decode_steps"] >= m["num_drafts"] > 0
     assert m["num_draft_tokens"] >= m["num_drafts"]
     assert abs(tokens_per_step(m["fitted_acceptance_rate"], 4) - m["tokens_per_decode_step"]) < 1e-6

@@ -33,16 +33,18 @@ def fit_acceptance_rate(tokens_per_decode_step: float, k: int) -> float:
     return (low + high) / 2
 
 
-def measure_acceptance(engine, config: SpeculativeConfig, num_prompts: int = 8, max_tokens: int = 128) -> dict:
-    """engine: an LLMEngine built with config. Runs the code-edit prompts to completion and returns the counts
-    and the fitted rate (the spec_decode entry of the CPU profile)."""
+def measure_acceptance(engine, config: SpeculativeConfig, prompts: list[str] | None = None,
+                       max_tokens: int = 128) -> dict:
+    """engine: an LLMEngine built with config. Runs the prompts (default: 8 code-edit prompts) to completion
+    and returns the counts and the fitted rate (the spec_decode entry of the CPU profile)."""
     from servelab.bench.grounded_prompts import code_edit_prompts
     from servelab.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     before = engine.get_state()
     outputs = {}
-    for index, prompt in enumerate(code_edit_prompts(num_prompts)):
+    prompts = code_edit_prompts(8) if prompts is None else prompts
+    for index, prompt in enumerate(prompts):
         engine.add_request(engine.input_processor.process_inputs(f"spec-{index}", prompt, params,
                                                                  arrival_time=time.perf_counter()))
     while engine.has_unfinished_requests():
@@ -61,7 +63,7 @@ def measure_acceptance(engine, config: SpeculativeConfig, num_prompts: int = 8, 
     return {"speculative_config": {"method": config.method, "num_speculative_tokens": k,
                                    "prompt_lookup_max": config.prompt_lookup_max,
                                    "prompt_lookup_min": config.prompt_lookup_min},
-            "workload": f"{num_prompts} code-edit prompts, greedy, max_tokens {max_tokens}",
+            "workload": f"{len(prompts)} code-edit prompts, greedy, max_tokens {max_tokens}",
             "num_drafts": drafts, "num_draft_tokens": draft_tokens, "num_accepted_tokens": accepted,
             "num_decode_steps": decode_steps, "num_decode_tokens": decode_tokens,
             "acceptance_rate": accepted / draft_tokens if draft_tokens else 0.0,
