@@ -2,12 +2,12 @@
 RequestOutputs and the ids a stop string ended out), alone and in a real LLMEngine over a stub executor."""
 import pytest
 
-from servelab.core.engine_io import EngineCoreOutput, EngineCoreTimes, EngineLimits
-from servelab.core.plan import SampledToken
+from servelab.core.engine_io import EngineCoreTimes, EngineLimits
+from servelab.engine.core_protocol import RequestDelta
 from servelab.engine.input_processor import ContextLengthExceeded, child_requests
 from servelab.engine.output_processor import OutputProcessor
 from servelab.sampling_params import SamplingParams
-from stub_engine import VOCAB, make_engine, tiny_tokenizer, word_id
+from servelab.testing.stub_engine import VOCAB, make_engine, tiny_tokenizer, word_id
 
 
 def test_process_inputs_tokenizes_and_clamps_max_tokens():
@@ -55,12 +55,12 @@ def test_output_processor_reports_a_stop_string_instead_of_calling_the_core():
     engine = make_engine()
     request = engine.input_processor.process_inputs("r", "hi", SamplingParams(max_tokens=10, stop=["w1 w2"]),
                                                     arrival_time=1.0)
-    processor = OutputProcessor(tiny_tokenizer())
+    processor = OutputProcessor(tiny_tokenizer(), cumulative=True)
     processor.add_request(request, [request])
 
     def out(position, t):
         times = EngineCoreTimes(1.0, 1.5, 2.0, t, None, 0)
-        return EngineCoreOutput("r", [SampledToken(word_id(position))], None, times)
+        return RequestDelta("r", [word_id(position)], None, None, times)
 
     first = processor.process([out(1, 2.0)])
     assert first.stopped_request_ids == [] and first.request_outputs[0].outputs[0].text == ""  # " w1" held back

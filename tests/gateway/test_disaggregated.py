@@ -21,7 +21,7 @@ from servelab.engine.async_llm import AsyncLLM
 from servelab.gateway.config import ServerConfig
 from servelab.metrics.events import EngineState
 from servelab.sampling_params import SamplingParams
-from stub_engine import UNK, make_engine, tiny_tokenizer, word_id
+from servelab.testing.stub_engine import UNK, make_engine, tiny_tokenizer, word_id
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64
@@ -142,9 +142,11 @@ def test_first_token_streams_before_the_decode_core_has_the_request():
     async def body(ae):
         stream = await ae.add_request("s", [2, 3], SamplingParams(max_tokens=6, ignore_eos=True))
         first = await stream.__anext__()
-        decode_seen = [e for e in events if e.engine_index == 1 and e.step is not None]
-        rest = [o async for o in stream]
-        return first, decode_seen, rest[-1]
+        decode_seen = [e for e in events if e.engine_index == 1 and e.steps]
+        last = first.copy()
+        async for delta in stream:
+            last.add(delta)
+        return first, decode_seen, last
 
     try:
         first, decode_seen, last = run(pd.cores, body, events)

@@ -20,7 +20,7 @@ from servelab.gateway.config import ServerConfig
 from servelab.engine.engine_loads import EngineLoads
 from servelab.metrics.events import EngineState
 from servelab.sampling_params import SamplingParams
-from stub_engine import VOCAB, make_engine, tiny_tokenizer, word_id
+from servelab.testing.stub_engine import VOCAB, make_engine, tiny_tokenizer, word_id
 
 HELLO = VOCAB.index("hello")
 # eos at context length 9; a step that computes "hello" fails (once)
@@ -61,7 +61,10 @@ async def scenario(ae: AsyncLLM) -> list:
     stream = await ae.add_request("aborted", [2], SamplingParams(max_tokens=10_000, ignore_eos=True))
     first = await stream.__anext__()
     ae.abort("aborted")
-    last = [o async for o in stream][-1].outputs[0]
+    total = first.copy()
+    async for delta in stream:  # a stream's outputs are deltas
+        total.add(delta)
+    last = total.outputs[0]
     expected = [word_id(p) for p in range(1, 1 + len(last.token_ids))]
     results.append(("aborted", first.finished, last.finish_reason, last.token_ids == expected))
     results.append(await final("fails", "hello hi", SamplingParams(max_tokens=3)))  # the failing step

@@ -229,3 +229,38 @@ def test_bfloat16_input_matches_float32():
     reference = Sampler()(logits.float(), mixed_rows())
     assert [t.token_id for t in batch] == [t.token_id for t in reference]
     assert batch[1].logprob == reference[1].logprob and math.isfinite(batch[1].logprob)
+
+
+def _bitmask(allowed_per_row: list[list[int]], vocab: int = VOCAB) -> torch.Tensor:
+    import numpy as np
+
+    bits = np.zeros((len(allowed_per_row), -(-vocab // 32) * 32), dtype=np.uint8)
+    for i, allowed in enumerate(allowed_per_row):
+        bits[i, allowed] = 1
+    return torch.from_numpy(np.packbits(bits, axis=1, bitorder="little").view(np.int32))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_grammar_bitmask_limits_each_constrained_row(temperature):
+    from servelab.sampling_params import StructuredOutputsParams
+
+    grammar = StructuredOutputsParams("regex", "a")
+    logits = random_logits(3)
+    before = logits.clone()
+    rows = [row(temperature=temperature, seed=i, structured_outputs=grammar if i != 1 else None) for i in range(3)]
+    allowed = [[3, 17], list(range(VOCAB)), [VOCAB - 1]]
+    for _ in range(5):
+        tokens = [t.token_id for t in Sampler()(logits, rows, _bitmask(allowed))]
+        assert tokens[0] in (3, 17) and tokens[2] == VOCAB - 1
+    assert torch.equal(logits, before)
+    if temperature == 0.0:
+        assert tokens[1] == logits[1].argmax().item()
+        assert tokens[0] == (3 if logits[0, 3] > logits[0, 17] else 17)
+
+
+def test_logit_bias_and_logprobs_of_the_model():
+    logits = random_logits(1)
+    target = int(logits[0].argmin())
+    out = Sampler()(logits, [row(temperature=0.0, logit_bias={target: 100.0}, logprobs=1)])[0]
+    assert out.token_id == target
+    assert math.isclose(out.logprob, logits[0].float().log_softmax(-1)[target].item(), rel_tol=1e-5)

@@ -1,13 +1,18 @@
 """The simulator's hot modules compiled to C with mypyc, used when built and current; pure Python otherwise.
 
 `python -m servelab.compiled.build` (needs mypy and a C compiler; `make compiled`) compiles MODULES into
-ext/ beside this file, with a manifest of each source's hash. When servelab.lab is imported before any of
-MODULES (the lab's processes; never the serving engine's: servelab/lab/__init__.py), install() puts
-a finder in front of Python's own that loads those extension modules instead of the .py files, but only
-if every listed source still has the hash it was compiled from (the modules are compiled as one group,
-so one edited file turns the whole group off) and the interpreter is the one they were built for.
-Otherwise, or with SERVELAB_PURE=1 (the test suite sets it), nothing changes: the same sources run as Python. Both give the
-same numbers (tests/lab/test_compiled.py).
+ext/ beside this file, with a manifest of each source's hash. Whether a process uses them is one explicit
+switch, the environment variable SERVELAB_COMPILED, read once when the `servelab` package is imported (so
+before any of MODULES, whatever the process imports first) and reported by `servelab --version`:
+
+  0 (the default)  the sources run as Python
+  auto             the build is used when there is a current one
+  1                the build is used; without a current one the process says so on stderr and runs Python
+
+A build is current when every listed source still has the hash it was compiled from (the modules are compiled
+as one group, so one edited file turns the whole group off) and the interpreter is the one it was built for.
+Then install() puts a finder in front of Python's own that loads those extension modules instead of the .py
+files. Both give the same numbers (tests/compiled/test_compiled.py).
 """
 from __future__ import annotations
 
@@ -33,6 +38,9 @@ MODULES = (
 EXT_DIR = Path(os.environ.get("SERVELAB_COMPILED_DIR") or Path(__file__).parent / "ext")
 MANIFEST = "manifest.json"
 SRC_ROOT = Path(__file__).resolve().parents[2]  # the folder holding servelab/
+
+SWITCH = "SERVELAB_COMPILED"
+MODES = ("0", "auto", "1")
 
 _active = False
 
@@ -75,14 +83,25 @@ def usable_build(ext_dir: Path = EXT_DIR) -> dict[str, Path] | None:
     return files if all(f.is_file() for f in files.values()) else None
 
 
+def mode() -> str:
+    value = os.environ.get(SWITCH, "0").strip().lower() or "0"
+    if value not in MODES:
+        print(f"servelab: {SWITCH}={value!r} is not one of {', '.join(MODES)}; taken as 0", file=sys.stderr)
+        return "0"
+    return value
+
+
 def install() -> bool:
-    """Load the compiled modules from now on, when a current build exists and SERVELAB_PURE is unset.
-    Call before any of MODULES is imported (servelab/lab/__init__.py does); after, it does nothing."""
+    """Load the compiled modules from now on, as SERVELAB_COMPILED says. servelab/__init__.py calls it, before
+    any of MODULES can be imported; a later call changes nothing."""
     global _active
-    if _active or os.environ.get("SERVELAB_PURE", "0") != "0":
+    if _active or mode() == "0":
         return _active
     files = usable_build()
     if files is None or any(m in sys.modules for m in MODULES):
+        if mode() == "1":
+            print(f"servelab: {SWITCH}=1 but there is no current compiled build in {EXT_DIR} "
+                  "(`make compiled` makes one); running the Python sources", file=sys.stderr)
         return False
     sys.meta_path.insert(0, _CompiledFinder(files))
     _active = True
@@ -92,3 +111,12 @@ def install() -> bool:
 def active() -> bool:
     """Whether the compiled modules are in use in this process."""
     return _active
+
+
+def describe() -> str:
+    """One line for `servelab --version`."""
+    if _active:
+        return f"compiled lab modules: on ({SWITCH}={mode()}, {len(MODULES)} modules from {EXT_DIR})"
+    if mode() == "0":
+        return f"compiled lab modules: off ({SWITCH}=0; auto or 1 uses a current build)"
+    return f"compiled lab modules: off ({SWITCH}={mode()}: no current build in {EXT_DIR})"

@@ -131,6 +131,7 @@ class EngineCore:
         """Move the requests whose grammar is now compiled into the scheduler; one whose grammar failed
         finishes (aborted) with an output, never silently."""
         grammars, outputs, waiting = self.grammars, [], []
+        assert grammars is not None  # only constrained requests wait, and only an engine with grammars takes them
         for request in self.grammar_waiting:
             if not grammars.is_ready(request.request_id):
                 waiting.append(request)
@@ -201,7 +202,7 @@ class EngineCore:
         result = self.executor.execute(plan)
         self.clock.advance(result.duration)
         end = self.clock.now()
-        terminated = grammars.accept_tokens(plan, result) if plan.grammar_request_ids else ()
+        terminated = grammars.accept_tokens(plan, result) if grammars is not None and plan.grammar_request_ids else ()
         updated = self.scheduler.update_from_output(plan, result, end)
         self.step_request_ids = ()
         for request_id in terminated:  # the grammar is complete: nothing may follow

@@ -54,7 +54,7 @@ class StepPlan:
     # token t; grammar_request_ids names each row's request. While it is being filled (beside the forward
     # pass) it is a concurrent.futures.Future of that array: read it with grammar_bitmask_now().
     grammar_bitmask: Any = None
-    grammar_request_ids: list[str] = field(default_factory=list)
+    grammar_request_ids: list[str] | tuple[()] = ()  # a tuple by default: no list per plan in the lab's hot loop
 
     def grammar_bitmask_now(self) -> Any:
         """The bitmask array, waiting for it to be filled; None when no request is constrained."""

@@ -3,7 +3,9 @@
 Requests are tokenized and validated on the event loop by the input processor (with the limits each core
 announced when it started); what goes to a core is the resulting EngineCoreRequest, sent to the least
 loaded core through its client (core_client.py: its own process, or a thread with --engine-in-process).
-One asyncio task per core awaits its EngineStepOutputs and dispatches them on the event loop to each
+One asyncio task per core awaits its EngineStepOutputs, whose RequestDeltas (new token ids, no text) the
+output processor turns into RequestOutput deltas here, in the API process (detokenizing, cutting stop
+strings: a sample a stop string ended is retired in its core with StopRequests), and hands each to its
 request's RequestStream; metrics leave as plain-number EngineEvents through `on_events`.
 
 Cancellation contract: `abort(request_id)` takes effect before the core's next step, and the request's
@@ -32,10 +34,11 @@ from servelab.core.block_hash import hash_token_blocks
 from servelab.core.engine_io import EngineCoreRequest, EngineLimits
 from servelab.core.prefix_router import PrefixRouter
 from servelab.engine.core_client import EngineCoreClient, EngineDeadError, EngineStepError
-from servelab.engine.core_protocol import EngineStepOutputs
-from servelab.engine.input_processor import InputProcessor, PromptType
+from servelab.engine.core_protocol import EngineStepOutputs, RequestDelta
+from servelab.engine.input_processor import InputProcessor, PromptType, child_requests
 from servelab.engine.engine_loads import EngineLoads
-from servelab.engine.kv_handoff import decode_request, first_token_output, prefill_request
+from servelab.engine.kv_handoff import decode_request, prefill_request
+from servelab.engine.output_processor import OutputProcessor
 from servelab.engine.request_stream import RequestStream
 from servelab.metrics.events import EngineEvents
 from servelab.model.tokenizer import Tokenizer
@@ -53,7 +56,7 @@ class _Tracked:
     engine_index: int
     num_requests: int  # engine-core requests (n samples)
     accepted: bool = False
-    # delivered instead of the final "abort" snapshot (shutdown, a gateway-side failure)
+    # delivered instead of the final "abort" output (shutdown, a gateway-side failure)
     abort_error: BaseException | None = None
     # disaggregated: the request for the decode core, until its prefill is handed off
     decode_request: EngineCoreRequest | None = None
@@ -70,6 +73,7 @@ class AsyncLLM:
         self.limits = EngineLimits(*(min(getattr(i.limits, f) for i in infos)
                                      for f in ("max_model_len", "vocab_size", "num_blocks", "block_size")))
         self.input_processor = InputProcessor(tokenizer, self.limits, infos[0].eos_token_ids)
+        self.output_processor = OutputProcessor(tokenizer)
         self.weight_bytes = sum(infos[0].weight_bytes_per_rank)
         self._on_events = on_events
         self._loads = EngineLoads(len(self.cores))
@@ -161,6 +165,7 @@ class AsyncLLM:
         except EngineDeadError as exc:
             stream.on_error(exc)
             return stream
+        self.output_processor.add_request(later or request, child_requests(later or request))
         self._tracked[request.request_id] = _Tracked(stream, index, num_requests, decode_request=later)
         self._loads.sent(index, num_requests)
         return stream
@@ -186,10 +191,17 @@ class AsyncLLM:
 
     async def generate(self, request_id: str, prompt: PromptType, params: SamplingParams,
                        arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
+        """The request's output so far, each time it changed (a copy each time: the gateway reads a stream's
+        deltas instead)."""
         stream = await self.add_request(request_id, prompt, params, arrival_time)
+        so_far: RequestOutput | None = None
         try:
-            async for output in stream:
-                yield output
+            async for delta in stream:
+                if so_far is None:
+                    so_far = delta.copy()
+                else:
+                    so_far.add(delta)
+                yield so_far.copy()
         finally:
             if not stream.done:
                 self.abort(request_id)
@@ -246,15 +258,21 @@ class AsyncLLM:
             if not t.accepted:
                 self._loads.answered(index, t.num_requests)
             t.stream.on_error(ValueError(error.message) if error.invalid else EngineStepError(error.message))
+        for error in out.errors:
+            self.output_processor.forget(error.request_id)
+        handing_off = self._prefills_done(out)
+        processed = self.output_processor.process(out.outputs)
+        if processed.stopped_request_ids:
+            self.cores[index].stop_requests(processed.stopped_request_ids, processed.stopped_num_tokens)
         handed_off = set()
-        for output in out.outputs:
+        for output in processed.request_outputs:
             t = tracked.get(output.request_id)
             if t is None:
                 continue
-            if t.decode_request is not None and output.finished:
-                if self._hand_off(t, output, out.output_time):
-                    handed_off.add(output.request_id)
-                    continue
+            if output.request_id in handing_off and not output.finished:
+                if not self._hand_off(t, handing_off[output.request_id]):
+                    continue  # no decode core could take it: failed
+                handed_off.add(output.request_id)
             if output.finished:
                 del tracked[output.request_id]
                 if t.abort_error is not None and any(c.finish_reason == "abort" for c in output.outputs):
@@ -265,29 +283,41 @@ class AsyncLLM:
         self._loads.report(index, out.state)
         if self._on_events is not None:
             finished = [f for f in out.finished if f.request_id not in handed_off] if handed_off else out.finished
-            self._on_events(EngineEvents(out.state, out.step, finished, engine_index=index,
+            self._on_events(EngineEvents(out.state, out.steps, finished, engine_index=index,
                                          kv_transfers=out.kv_transfers))
 
-    def _hand_off(self, t: _Tracked, output: RequestOutput, output_time: float) -> bool:
+    def _prefills_done(self, out: EngineStepOutputs) -> dict[str, RequestDelta]:
+        """Disaggregated: the prefills that finished with their first token ("length" at max_tokens 1), which a
+        decode core continues. Their finish is taken off the delta, so the output processor keeps the request
+        open (unless that token completes a stop string: the prefill core then frees the blocks on the
+        StopRequests it gets). An aborted one ends there."""
+        done = {}
+        for delta in out.outputs:
+            if delta.finish_reason == "length":
+                t = self._tracked.get(delta.request_id)
+                if t is not None and t.decode_request is not None and not t.aborting:
+                    done[delta.request_id] = delta
+                    delta.finish_reason = None
+        return done
+
+    def _hand_off(self, t: _Tracked, prefilled: RequestDelta) -> bool:
         """A prefill finished with its first token: send the request to the least loaded decode core and
-        tell the prefill core to send it the KV. False when it ends here instead (a stop, an abort)."""
+        tell the prefill core to send it the KV. False when no decode core could take it (the request failed)."""
         prefill, tag = t.engine_index, next(self._kv_tags)
-        request, t.decode_request = decode_request(t.decode_request, output, prefill, tag), None
-        if request is None or t.aborting:
-            return False  # the prefill core freed (or, on the abort it got, frees) the blocks
+        request, t.decode_request = decode_request(t.decode_request, prefilled, prefill, tag), None
         decode = self._loads.pick(self.decode_indices)
         try:
             self.cores[decode].add_request(request)
         except EngineDeadError as exc:
             self.cores[prefill].abort_requests([request.request_id])
+            self.output_processor.forget(request.request_id)
             del self._tracked[request.request_id]
             t.stream.on_error(exc)
-            return True
+            return False
         self.cores[prefill].send_kv(request.request_id, decode, tag)
         t.engine_index, t.prefill_index = decode, prefill
         t.accepted = False  # until the decode core takes it (its load counts it as in transit meanwhile)
         self._loads.sent(decode, 1)
-        t.stream.on_output(first_token_output(output), output_time)
         return True
 
     def _on_dead(self, index: int, error: EngineDeadError) -> None:
@@ -304,5 +334,6 @@ class AsyncLLM:
 
     def _fail_all(self, error: BaseException) -> None:
         tracked, self._tracked = self._tracked, {}
-        for t in tracked.values():
+        for request_id, t in tracked.items():
+            self.output_processor.forget(request_id)
             t.stream.on_error(error)

@@ -5,10 +5,11 @@
   hold the API server's GIL. The process is watched: when it exits unasked, get_output raises
   EngineDeadError.
 - InprocClient: the same EngineLoop in a thread of the API process (`--engine-in-process`, tests); its
-  outputs reach the event loop through a StepOutputMailbox (output_mailbox.py), which keeps memory bounded
-  when the loop lags.
+  outputs reach the event loop through an OutputOutbox: one message waits at most, and the iterations the
+  event loop has not taken yet are coalesced into it (one delta per request), so memory stays bounded when
+  the event loop lags.
 
-Both: start() on the event loop, then add_request / abort_requests (non-blocking, in order), await
+Both: start() on the event loop, then add_request / abort_requests / stop_requests (non-blocking, in order), await
 get_output() for each EngineStepOutputs, and await shutdown() (bounded; a process that does not stop in
 time is killed)."""
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from servelab.core.engine_io import EngineCoreRequest
 from servelab.engine.core_loop import EngineLoop
-from servelab.engine.core_protocol import AbortRequests, AddRequest, EngineReady, EngineStepOutputs, SendKV
-from servelab.engine.output_mailbox import StepOutputMailbox
+from servelab.engine.core_protocol import (AbortRequests, AddRequest, EngineReady, EngineStepOutputs, SendKV,
+                                           StopRequests, coalesce)
 
 if TYPE_CHECKING:
     from servelab.engine.llm_engine import LLMEngine
@@ -49,6 +50,9 @@ class EngineCoreClient(Protocol):
 
     def abort_requests(self, request_ids: list[str]) -> None: ...
 
+    def stop_requests(self, request_ids: list[str], num_output_tokens: list[int]) -> None:
+        """Retire engine-core requests whose stop string the output processor matched (see StopRequests)."""
+
     def send_kv(self, request_id: str, dst: int, tag: int) -> None:
         """Disaggregated prefill/decode: send a finished prefill's held KV blocks to engine dst."""
 
@@ -63,21 +67,66 @@ class EngineCoreClient(Protocol):
         """The core can still take requests."""
 
 
+class OutputOutbox:
+    """Hands an in-process core's EngineStepOutputs from its thread to the event loop. At most one message
+    waits: what the thread puts while the loop has not taken the last one is coalesced into it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: EngineStepOutputs | None = None
+        self._error: BaseException | None = None
+        self._ready = asyncio.Event()
+
+    @property
+    def pending(self) -> EngineStepOutputs | None:
+        return self._pending
+
+    def put(self, item: EngineStepOutputs | BaseException) -> None:
+        """Engine thread. An exception ends the outputs: get() raises it after the last message."""
+        with self._lock:
+            wake = self._pending is None and self._error is None
+            if isinstance(item, BaseException):
+                self._error = item
+            elif self._pending is None:
+                self._pending = item
+            else:
+                coalesce(self._pending, item)
+        if wake:
+            try:
+                self._loop.call_soon_threadsafe(self._ready.set)
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                pass
+
+    async def get(self) -> EngineStepOutputs:
+        """Event loop: the waiting message (raised when the outputs ended in an exception)."""
+        while True:
+            with self._lock:
+                item, self._pending = self._pending, None
+                if item is None and self._error is not None:
+                    raise self._error
+                if item is not None:
+                    return item
+                # a wake-up scheduled for a message get() took already may still come: wait past it
+                self._ready.clear()
+            await self._ready.wait()
+
+
 class InprocClient:
     def __init__(self, engine: "LLMEngine", engine_index: int = 0) -> None:
         self.engine = engine
         self._engine_loop = EngineLoop(engine, engine_index)
         self.info = self._engine_loop.ready(os.getpid())
         self._cond = threading.Condition()
-        self._inbox: list[AddRequest | AbortRequests] = []
+        self._inbox: list[AddRequest | AbortRequests | StopRequests | SendKV] = []
         self._stopping = False
         self._closed_error: EngineDeadError | None = None
-        self._outputs: StepOutputMailbox | None = None
+        self._outputs: OutputOutbox | None = None
         self._thread: threading.Thread | None = None
         self.num_kv_handoffs = 0
 
     def start(self) -> None:
-        self._outputs = StepOutputMailbox(asyncio.get_running_loop())
+        self._outputs = OutputOutbox(asyncio.get_running_loop())
         self._thread = threading.Thread(target=self._run, name=f"servelab-engine-{self.info.engine_index}",
                                         daemon=True)
         self._thread.start()
@@ -88,6 +137,9 @@ class InprocClient:
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self._post(AbortRequests(list(request_ids)), refuse=False)
+
+    def stop_requests(self, request_ids: list[str], num_output_tokens: list[int]) -> None:
+        self._post(StopRequests(list(request_ids), list(num_output_tokens)), refuse=False)
 
     def send_kv(self, request_id: str, dst: int, tag: int) -> None:
         self._post(SendKV(request_id, dst, tag), refuse=False)
@@ -112,7 +164,7 @@ class InprocClient:
             self._stopping = True
             self._cond.notify()
 
-    def _post(self, message: AddRequest | AbortRequests | SendKV, refuse: bool) -> None:
+    def _post(self, message: AddRequest | AbortRequests | StopRequests | SendKV, refuse: bool) -> None:
         with self._cond:
             if self._closed_error is not None or self._thread is None:
                 if refuse:

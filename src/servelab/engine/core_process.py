@@ -1,7 +1,13 @@
 """The engine-core process: builds an LLMEngine from a picklable recipe and runs EngineLoop on two zmq
-sockets (PULL, bound: inputs from the API server; PUSH, connected: outputs to it). Started with `spawn`, so nothing of the
-API process (threads, sockets, the event loop) is inherited; not a daemon, so it may start processes of
-its own (tensor-parallel workers)."""
+sockets (PULL, bound: inputs from the API server; PUSH, connected: outputs to it). Started with `spawn`, so
+nothing of the API process (threads, sockets, the event loop) is inherited; not a daemon, so it may start
+processes of its own (tensor-parallel workers).
+
+The output socket holds at most OUTPUT_HWM messages on each end and OUTPUT_BUFFER_BYTES in the kernel
+(bound_output_socket). When the API server falls that far behind,
+the loop does not wait and does not queue more messages: it keeps stepping and folds each iteration's outputs
+into the one message still to leave (core_protocol.coalesce), so what waits for a lagging API server is at most
+one delta per request, whatever the lag."""
 from __future__ import annotations
 
 import logging
@@ -16,7 +22,7 @@ from typing import TYPE_CHECKING
 import zmq
 
 from servelab.engine.core_loop import EngineLoop
-from servelab.engine.core_protocol import Codec, EngineDead, EngineStartupFailed, Shutdown
+from servelab.engine.core_protocol import Codec, EngineDead, EngineStartupFailed, EngineStepOutputs, Shutdown, coalesce
 from servelab.errors import ExecutorDeadError
 
 if TYPE_CHECKING:
@@ -31,6 +37,16 @@ IDLE_POLL_MS = 500
 KV_POLL_MS = 1
 # On Shutdown, how long the last outputs may take to leave before the socket is dropped.
 OUTPUT_LINGER_MS = 1000
+# Messages the output socket queues on each end, and bytes in the kernel, before the loop coalesces instead
+# (see the module docstring).
+OUTPUT_HWM = 4
+OUTPUT_BUFFER_BYTES = 1 << 16
+
+
+def bound_output_socket(socket: zmq.Socket, buffer_bytes: int = OUTPUT_BUFFER_BYTES) -> None:
+    """Either end of the output socket: what may wait in it is bounded."""
+    socket.setsockopt(zmq.SNDHWM if socket.type == zmq.PUSH else zmq.RCVHWM, OUTPUT_HWM)
+    socket.setsockopt(zmq.SNDBUF if socket.type == zmq.PUSH else zmq.RCVBUF, buffer_bytes)
 
 
 @dataclass(frozen=True)
@@ -65,7 +81,7 @@ def run_engine_core(factory: EngineFactory, engine_index: int, input_address: st
     inputs.bind(input_address)
     outputs = context.socket(zmq.PUSH)
     outputs.setsockopt(zmq.LINGER, OUTPUT_LINGER_MS)
-    outputs.setsockopt(zmq.SNDHWM, 0)
+    bound_output_socket(outputs)
     outputs.connect(output_address)
     code = 1
     engine = None
@@ -98,19 +114,39 @@ def run_engine_core(factory: EngineFactory, engine_index: int, input_address: st
 
 
 def _busy_loop(loop: EngineLoop, inputs: zmq.Socket, outputs: zmq.Socket, codec: Codec, parent_pid: int) -> int:
+    pending: EngineStepOutputs | None = None  # outputs the full socket did not take yet
+    poller = zmq.Poller()
+    poller.register(inputs, zmq.POLLIN)
     while True:
         # Block while idle (bounded, to notice an orphaned core); between steps only take what is there.
         timeout = 0 if loop.has_work() else KV_POLL_MS if loop.has_pending_kv() else IDLE_POLL_MS
+        if pending is not None and timeout:  # idle, with outputs waiting: wake when the socket takes them
+            poller.register(outputs, zmq.POLLOUT)
+            poller.poll(timeout)
+            poller.unregister(outputs)
+            timeout = 0
         messages = []
         while inputs.poll(timeout):
             messages.append(codec.decode_input(inputs.recv()))
             timeout = 0
         if any(isinstance(m, Shutdown) for m in messages) or os.getppid() != parent_pid:
-            loop.engine.shutdown_kv()
+            if pending is not None:
+                outputs.send(codec.encode(pending))  # the last outputs leave (within OUTPUT_LINGER_MS)
+            loop.engine.kv_handoff.shutdown()
             return 0
         result = loop.run_once(messages)
         if result is not None:
-            outputs.send(codec.encode(result))
+            if pending is None:
+                pending = result
+            else:
+                coalesce(pending, result)
+        # A full socket means the API server is OUTPUT_HWM messages behind: keep stepping, coalesce.
+        if pending is not None and outputs.getsockopt(zmq.EVENTS) & zmq.POLLOUT:
+            try:
+                outputs.send(codec.encode(pending), zmq.NOBLOCK)
+                pending = None
+            except zmq.Again:
+                pass
 
 
 def _configure_logging(engine_index: int, level: str) -> None:

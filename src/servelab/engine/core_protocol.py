@@ -1,16 +1,20 @@
 """The typed messages between the API server and an engine core, and their msgpack codec.
 
-API -> core: AddRequest | AbortRequests | SendKV | Shutdown. Core -> API: EngineReady (or EngineStartupFailed) once,
-then one EngineStepOutputs per loop iteration, and EngineDead before it exits for a lost executor. Tagged msgspec Structs around the engine's own value types
-(EngineCoreRequest, RequestOutput, EngineState ...), so a message names its type and never a method to
-call, and decoding checks every field's type."""
+API -> core: AddRequest | AbortRequests | StopRequests | SendKV | Shutdown. Core -> API: EngineReady (or
+EngineStartupFailed) once, then one EngineStepOutputs per loop iteration (several coalesced into one when the API
+server lags, see `coalesce`), and EngineDead before it exits for a lost executor. Tagged msgspec Structs around the
+engine's own value types (EngineCoreRequest, EngineCoreTimes, EngineState ...), so a message names its type and
+never a method to call, and decoding checks every field's type.
+
+A request's output crosses as a RequestDelta: the token ids (and logprobs) it gained since its last delta, its
+finish reason and times; never the output so far. Text is made on the API side (engine/output_processor.py)."""
 from __future__ import annotations
 
 import msgspec
 
-from servelab.core.engine_io import EngineCoreRequest, EngineLimits
+from servelab.core.engine_io import EngineCoreOutput, EngineCoreRequest, EngineCoreTimes, EngineLimits
 from servelab.metrics.events import EngineState, FinishedRequest, KVTransferSample, StepSample
-from servelab.outputs import RequestOutput
+from servelab.outputs import TokenLogprob
 
 
 # ---- API server -> engine core
@@ -20,6 +24,14 @@ class AddRequest(msgspec.Struct, tag=True):
 
 class AbortRequests(msgspec.Struct, tag=True):
     request_ids: list[str]
+
+
+class StopRequests(msgspec.Struct, tag=True):
+    """Engine-core requests (one per sample) whose stop string the API server's output processor matched: the
+    core retires them as "stop". num_output_tokens: the tokens each kept (the core may have sampled more since;
+    the metrics count these)."""
+    request_ids: list[str]
+    num_output_tokens: list[int]
 
 
 class SendKV(msgspec.Struct, tag=True):
@@ -34,7 +46,7 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
-EngineInput = AddRequest | AbortRequests | SendKV | Shutdown
+EngineInput = AddRequest | AbortRequests | StopRequests | SendKV | Shutdown
 
 
 # ---- engine core -> API server
@@ -76,19 +88,67 @@ class RequestError(msgspec.Struct):
     invalid: bool = False
 
 
+class RequestDelta(msgspec.Struct, array_like=True):
+    """What one engine-core request (one sample) gained since its last delta."""
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprob] | None  # None unless the request asked for logprobs
+    finish_reason: str | None  # None while running; "stop" | "length" | "abort"
+    times: EngineCoreTimes
+
+    @classmethod
+    def of(cls, out: EngineCoreOutput) -> "RequestDelta":
+        token = out.new_token
+        if token is None:
+            return cls(out.request_id, [], None, out.finish_reason, out.times)
+        logprobs = None if token.logprob is None else [TokenLogprob(token.token_id, token.logprob,
+                                                                    token.top_logprobs or [])]
+        return cls(out.request_id, [token.token_id], logprobs, out.finish_reason, out.times)
+
+    def add(self, newer: "RequestDelta") -> None:
+        self.new_token_ids.extend(newer.new_token_ids)
+        if newer.new_logprobs is not None:
+            self.new_logprobs = (self.new_logprobs or []) + newer.new_logprobs
+        self.finish_reason, self.times = newer.finish_reason, newer.times
+
+
 class EngineStepOutputs(msgspec.Struct, tag=True):
-    """One loop iteration of one core: the adds it took or refused, the outputs of its step (and of the
-    aborts it applied), and the state after it."""
+    """One loop iteration of one core (or several, coalesced): the adds it took or refused, the deltas of its
+    step (and of the aborts it applied), and the state after it."""
     engine_index: int
     state: EngineState
     # when these outputs left the engine (time.perf_counter, one clock for every process of the machine)
     output_time: float
     accepted: list[str] = []
     errors: list[RequestError] = []
-    outputs: list[RequestOutput] = []
-    step: StepSample | None = None
+    outputs: list[RequestDelta] = []
+    steps: list[StepSample] = []
     finished: list[FinishedRequest] = []
     kv_transfers: list[KVTransferSample] = []  # KV blocks this core sent
+
+
+def coalesce(pending: EngineStepOutputs, newer: EngineStepOutputs) -> None:
+    """Fold `newer` into `pending`, which has not left yet because the API server is behind: a request's new
+    deltas extend its pending one, so at most one delta per request waits however far behind the reader is.
+    Everything else keeps its order (adds, errors, step samples and finished records are a few numbers each)."""
+    pending.state, pending.output_time = newer.state, newer.output_time
+    pending.accepted.extend(newer.accepted)
+    pending.errors.extend(newer.errors)
+    waiting = {d.request_id: d for d in pending.outputs if d.finish_reason is None}
+    for delta in newer.outputs:
+        older = waiting.get(delta.request_id)
+        if older is None:
+            pending.outputs.append(delta)
+            older = delta
+        else:
+            older.add(delta)
+        if older.finish_reason is None:
+            waiting[delta.request_id] = older
+        else:  # a later request may reuse the id: it gets its own delta
+            waiting.pop(delta.request_id, None)
+    pending.steps.extend(newer.steps)
+    pending.finished.extend(newer.finished)
+    pending.kv_transfers.extend(newer.kv_transfers)
 
 
 class EngineDead(msgspec.Struct, tag=True):

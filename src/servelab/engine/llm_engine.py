@@ -1,13 +1,18 @@
-"""LLMEngine: input processor + engine core + output processor. Synchronous; the gateway drives it through
-an EngineLoop (engine/core_loop.py) in an engine-core process or a thread, the offline LLM class from a
-loop. Requests come in preprocessed (EngineCoreRequest) and state goes out as values (get_state), so
-nothing outside reaches into the scheduler or the KV cache."""
+"""LLMEngine: input processor + engine core + output processor. Synchronous, with two faces:
+
+- the engine core's (add_core_request, abort_core_request, stop_core_requests, step_core): what an EngineLoop
+  (engine/core_loop.py) drives in an engine-core process or a thread. Values in, EngineCoreOutputs (the
+  step's new token per request) out; no text, so the core's loop does only scheduling and the model.
+- the offline one (add_request, step, abort_request): the same, plus the output processor in the caller's
+  process, detokenizing those outputs into RequestOutputs (the offline LLM class, `servelab generate`).
+
+Requests come in preprocessed (EngineCoreRequest) and state goes out as values (get_state), so nothing outside
+reaches into the scheduler or the KV cache."""
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,11 +22,13 @@ from servelab.config import EngineConfig
 from servelab.core.block_manager import BlockManager
 from servelab.core.clock import WallClock
 from servelab.core.engine_core import EngineCore, StepStats
-from servelab.core.engine_io import EngineCoreRequest, EngineLimits
+from servelab.core.engine_io import EngineCoreOutput, EngineCoreRequest, EngineLimits
 from servelab.core.request import Request, RequestStatus
 from servelab.core.scheduler import Scheduler
 from servelab.core.spec_decode.ngram import NgramProposer
+from servelab.engine.core_protocol import RequestDelta
 from servelab.engine.input_processor import InputProcessor, child_requests
+from servelab.engine.kv_handoff import KVEvents, KVHandoff
 from servelab.engine.output_processor import OutputProcessor
 from servelab.engine_args import EngineArgs
 from servelab.executor.model_executor import ModelExecutor
@@ -34,15 +41,7 @@ from servelab.outputs import RequestOutput
 from servelab.structured_output import StructuredOutputManager, ll_tokenizer
 
 if TYPE_CHECKING:
-    from servelab.kv_transfer.p2p_connector import KVTransferDone, P2PKVConnector
-
-
-@dataclass
-class KVEvents:
-    """What the KV connector finished since the last poll: transfers (both directions) and the decode
-    requests whose KV could not arrive (failed, with the reason)."""
-    transfers: list["KVTransferDone"]
-    failed: list[tuple[str, str]]
+    from servelab.kv_transfer.p2p_connector import P2PKVConnector
 
 
 class LLMEngine:
@@ -65,14 +64,14 @@ class LLMEngine:
         self.limits = EngineLimits(config.scheduler.max_model_len, config.model.vocab_size, executor.num_blocks,
                                    config.cache.block_size)
         self.input_processor = InputProcessor(tokenizer, self.limits, self.eos_token_ids)
-        self.output_processor = OutputProcessor(tokenizer)
+        self.output_processor = OutputProcessor(tokenizer, cumulative=True)  # the offline face's
+        self._samples: dict[str, list[str]] = {}  # request id -> its engine-core requests' ids (n samples)
+        self._request_of: dict[str, str] = {}  # engine-core request id -> its request's, until it finished
         self.last_step_stats: StepStats | None = None
         self._ids = itertools.count()
-        self.kv_connector = kv_connector
         self.kv_role = config.kv_transfer.kv_role if config.kv_transfer is not None else ""
-        self._kv_awaited: dict[int, Request] = {}  # decode side: transfer tag -> request whose KV is on its way
-        self._kv_arrived: list[tuple[Request, torch.Tensor]] = []  # received, waiting for free blocks
-        self._kv_sending: set[str] = set()  # prefill side: held blocks on the wire
+        # disaggregated prefill/decode: the KV connector's side of the engine (inert without a connector)
+        self.kv_handoff = KVHandoff(kv_connector, self._scheduler, self._block_manager)
         # what --quantization (auto by default) resolved to, and why (from_engine_args sets it)
         self.quantization_choice = QuantizationChoice(None, config.cache.cache_dtype, "float weights")
 
@@ -90,7 +89,7 @@ class LLMEngine:
         # EngineConfig checks the tensor-parallel size against the model's heads before any process starts.
         config = EngineConfig(model=model_config, cache=cache, scheduler=sched, parallel=args.parallel_config(),
                               dtype=str(dtype).removeprefix("torch."), kv_transfer=args.kv_transfer_config,
-                              speculative=args.speculative(), quantization=choice.quantization)
+                              quantization=choice.quantization, speculative=args.speculative())
         tokenizer = Tokenizer.from_pretrained(folder)
         if config.parallel.tensor_parallel_size == 1:
             gguf_path = gguf_file(args.model) if args.quantization == "gguf" else None
@@ -116,126 +115,82 @@ class LLMEngine:
     def new_request_id(self) -> str:
         return f"req-{next(self._ids)}"
 
+    # ---- offline: detokenized RequestOutputs, made here from the engine core's outputs
     def add_request(self, request: EngineCoreRequest) -> None:
         """Enqueue a request the input processor made (its n samples as n engine-core requests)."""
-        kv = request.kv_transfer
-        if kv is not None and kv.do_remote_prefill:
-            self._add_remote_prefilled(request, kv)
-            return
-        if self.output_processor.has(request.request_id):
-            raise ValueError(f"duplicate request id {request.request_id!r}")
-        children = child_requests(request)
-        for child in children:
-            self.core.add_request(Request.from_engine_core_request(child))
-        self.output_processor.add_request(request, children)
+        self.output_processor.add_request(request, self.add_core_request(request))
+
+    def step(self) -> list[RequestOutput]:
+        """One step; the (cumulative) output of every request that moved."""
+        return self._process(self.step_core())
 
     def abort_request(self, request_id: str) -> list[RequestOutput]:
-        awaited = self._take_awaited(request_id)
+        return self._process(self.abort_core_request(request_id))
+
+    def _process(self, outputs: list[EngineCoreOutput]) -> list[RequestOutput]:
+        processed = self.output_processor.process([RequestDelta.of(o) for o in outputs])
+        if processed.stopped_request_ids:
+            self.stop_core_requests(processed.stopped_request_ids)
+        return processed.request_outputs
+
+    # ---- the engine core's face: values in, EngineCoreOutputs out
+    def add_core_request(self, request: EngineCoreRequest) -> list[EngineCoreRequest]:
+        """Enqueue a request as its engine-core requests (one per sample), which it returns."""
+        if request.request_id in self._samples:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        kv = request.kv_transfer
+        if kv is not None and kv.do_remote_prefill:
+            core_request = self.kv_handoff.add_remote_prefilled(request)
+            if request.sampling_params.structured_outputs is not None:  # its matcher goes on from the first token
+                self.grammars.add_request(core_request)
+            children = [request]
+        else:
+            children = child_requests(request)
+            for child in children:
+                self.core.add_request(Request.from_engine_core_request(child))
+        self._samples[request.request_id] = [c.request_id for c in children]
+        self._request_of.update((c.request_id, request.request_id) for c in children)
+        return children
+
+    def step_core(self) -> list[EngineCoreOutput]:
+        self.last_step_stats = None  # stays None when the step had nothing to run
+        return self._retire(self.core.step().outputs)
+
+    def abort_core_request(self, request_id: str) -> list[EngineCoreOutput]:
+        """Abort a request (all its samples); their final outputs (finish reason "abort")."""
+        awaited = self.kv_handoff.take_awaited(request_id)
         if awaited is not None:  # its KV is still on the wire: the staging tensor is dropped when it lands
             awaited.status = RequestStatus.FINISHED_ABORTED
             awaited.times.finished = time.perf_counter()
-            return self.output_processor.process([awaited.output([])]).request_outputs
-        core_outputs = self.core.abort_requests(self.output_processor.child_ids(request_id))
-        return self.output_processor.process(core_outputs).request_outputs
+            return self._retire([awaited.output([])])
+        return self._retire(self.core.abort_requests(self._samples.get(request_id, [])))
 
-    # ---- disaggregated prefill/decode (the engine's side of the KV connector)
-    def send_kv(self, request_id: str, dst: int, tag: int) -> bool:
-        """Send a finished prefill's held KV blocks to engine rank dst; they are freed once sent.
-        False when none are held (released already: the request was aborted)."""
-        if request_id not in self._scheduler.kv_held_ids or request_id in self._kv_sending:
-            return False
-        self._kv_sending.add(request_id)
-        self.kv_connector.start_send(request_id, tag, dst, self._block_manager.get_block_table(request_id))
-        return True
+    def stop_core_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        """Retire engine-core requests whose stop string the output processor matched (finish reason "stop");
+        a finished prefill's held KV blocks are released."""
+        outputs = self._retire(self.core.finish_requests(request_ids, RequestStatus.FINISHED_STOPPED))
+        for request_id in request_ids:  # a prefill whose first token hit a stop string
+            self.kv_handoff.release(request_id)
+        return outputs
 
-    def release_kv(self, request_id: str) -> None:
-        """A finished prefill's held blocks are not needed (an abort, or a stop string matched its first
-        token); blocks on the wire are freed when the send ends instead."""
-        if request_id not in self._kv_sending:
-            self._scheduler.release_kv(request_id)
-
-    def shutdown_kv(self) -> None:
-        if self.kv_connector is not None:
-            self.kv_connector.shutdown()
-
-    def has_pending_kv(self) -> bool:
-        return bool(self._kv_arrived) or (self.kv_connector is not None and self.kv_connector.num_pending > 0)
+    def _retire(self, outputs: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
+        """Forget the samples that finished (their request once all of them did)."""
+        for out in outputs:
+            if out.finish_reason is None:
+                continue
+            request_id = self._request_of.pop(out.request_id, None)
+            if request_id is not None and not any(c in self._request_of for c in self._samples[request_id]):
+                del self._samples[request_id]
+        return outputs
 
     def poll_kv(self) -> KVEvents:
-        """Finish what the connector finished: free sent blocks, admit requests whose KV arrived (their
-        blocks are allocated and written now, before any step can read them)."""
-        events = KVEvents([], [])
-        if self.kv_connector is None:
-            return events
-        for done in self.kv_connector.poll():
-            events.transfers.append(done)
-            if done.is_send:
-                self._kv_sending.discard(done.request_id)
-                self._scheduler.release_kv(done.request_id)
-                continue
-            request = self._kv_awaited.pop(done.tag, None)
-            if request is None:  # aborted (or refused) while on the wire
-                continue
-            if done.ok:
-                self._kv_arrived.append((request, done.staging))
-            else:
-                request.status = RequestStatus.FINISHED_ABORTED
-                self.output_processor.process([request.output([])])  # forgets it; the caller fails it
-                events.failed.append((request.request_id, f"its KV did not arrive: {done.error}"))
-        while self._kv_arrived:
-            request, staging = self._kv_arrived[0]
-            block_ids = self._scheduler.add_prefilled(request)
-            if block_ids is None:
-                break
-            self._kv_arrived.pop(0)
-            self.kv_connector.write_blocks(staging, block_ids)
+        """What the KV hand-off finished (see KVHandoff.poll); requests whose KV failed are forgotten here."""
+        events = self.kv_handoff.poll()
+        self._retire([request.output([]) for request, _ in events.failed])
         return events
-
-    def _add_remote_prefilled(self, request: EngineCoreRequest, kv) -> None:
-        """A decode instance's request: its first token came from the prefill instance, its prompt's KV is
-        on its way (the receive is posted first, so the sender is never left waiting, whatever follows)."""
-        if self.kv_connector is None:
-            raise ValueError("this engine is not part of a disaggregated deployment")
-        num_blocks = self._block_manager.num_blocks_for(len(request.prompt_token_ids))
-        self.kv_connector.start_recv(request.request_id, kv.tag, kv.remote_engine, num_blocks)
-        if self.output_processor.has(request.request_id) or request.request_id in self._scheduler.requests:
-            raise ValueError(f"duplicate request id {request.request_id!r}")
-        if request.sampling_params.n != 1:
-            raise ValueError("a remote-prefilled request has one sample")
-        core_request = Request.from_engine_core_request(request)
-        core_request.output_token_ids.append(kv.first_token.token_id)
-        core_request.num_computed_tokens = len(request.prompt_token_ids)
-        times = core_request.times
-        times.first_scheduled, times.first_token = kv.first_scheduled_time, kv.first_token_time
-        if kv.first_token_time is not None:
-            times.token_times.append(kv.first_token_time)
-        self.output_processor.add_request(request, [request])
-        self.output_processor.process([core_request.output([kv.first_token])])  # text and stop-string state so far
-        if request.sampling_params.structured_outputs is not None:  # its matcher goes on from the first token
-            self.grammars.add_request(core_request)
-        self._kv_awaited[kv.tag] = core_request
-
-    def _take_awaited(self, request_id: str) -> Request | None:
-        for tag, request in self._kv_awaited.items():
-            if request.request_id == request_id:
-                return self._kv_awaited.pop(tag)
-        for index, (request, _) in enumerate(self._kv_arrived):
-            if request.request_id == request_id:
-                return self._kv_arrived.pop(index)[0]
-        return None
 
     def has_unfinished_requests(self) -> bool:
         return self.core.has_unfinished_requests()
-
-    def step(self) -> list[RequestOutput]:
-        self.last_step_stats = None  # stays None when the step had nothing to run
-        step = self.core.step()
-        processed = self.output_processor.process(step.outputs)
-        if processed.stopped_request_ids:
-            self.core.finish_requests(processed.stopped_request_ids, RequestStatus.FINISHED_STOPPED)
-            for request_id in processed.stopped_request_ids:  # a prefill whose first token hit a stop string
-                self.release_kv(request_id)
-        return processed.request_outputs
 
     def failed_step_request_ids(self) -> tuple[str, ...]:
         """After step() raised: the requests of the step that failed (the others were not touched)."""

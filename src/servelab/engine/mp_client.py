@@ -20,9 +20,9 @@ import zmq.asyncio
 
 from servelab.core.engine_io import EngineCoreRequest
 from servelab.engine.core_client import EngineDeadError
-from servelab.engine.core_process import EngineFactory, run_engine_core
+from servelab.engine.core_process import EngineFactory, bound_output_socket, run_engine_core
 from servelab.engine.core_protocol import (AbortRequests, AddRequest, Codec, EngineDead, EngineReady,
-                                           EngineStartupFailed, EngineStepOutputs, SendKV, Shutdown)
+                                           EngineStartupFailed, EngineStepOutputs, SendKV, Shutdown, StopRequests)
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class MPClient:
         self._input.connect(f"ipc://{self._dir}/input")
         self._output = self._context.socket(zmq.PULL)
         self._output.setsockopt(zmq.LINGER, 0)
+        bound_output_socket(self._output)  # past it the core coalesces (see core_process.py)
         self._output.bind(f"ipc://{self._dir}/output")
         self._async_output: zmq.asyncio.Socket | None = None
         self._closed = False
@@ -92,6 +93,9 @@ class MPClient:
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self._send(AbortRequests(list(request_ids)))
+
+    def stop_requests(self, request_ids: list[str], num_output_tokens: list[int]) -> None:
+        self._send(StopRequests(list(request_ids), list(num_output_tokens)))
 
     def send_kv(self, request_id: str, dst: int, tag: int) -> None:
         """Disaggregated prefill/decode: hand a finished prefill's KV to engine dst (see SendKV)."""

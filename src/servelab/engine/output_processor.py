@@ -1,23 +1,32 @@
-"""Turns engine-core outputs into RequestOutputs: incremental detokenization, stop strings, logprobs,
-and merging the n samples of a request. Runs beside the engine core, never on the device, and holds
-only values from it: a matched stop string is reported back for the engine to retire the request."""
+"""Turns the engine core's RequestDeltas into RequestOutputs: incremental detokenization, stop strings,
+logprobs, and merging the n samples of a request. Runs in the API server's process (AsyncLLM) or beside an
+in-process engine (the offline LLM), never in the engine core's loop, and holds only values from it: a
+matched stop string is reported back for the core to retire the request.
+
+Outputs are deltas (the text, token ids and logprobs each sample gained; vLLM's RequestOutputKind.DELTA),
+so a step costs what it added, not what the request holds; with cumulative=True (the offline LLMEngine) each
+output is instead the whole request so far."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from servelab.core.engine_io import EngineCoreOutput, EngineCoreRequest, EngineCoreTimes
-from servelab.core.plan import SampledToken
+from servelab.core.engine_io import EngineCoreRequest, EngineCoreTimes
+from servelab.engine.core_protocol import RequestDelta
 from servelab.model.tokenizer import IncrementalDetokenizer, Tokenizer
-from servelab.outputs import CompletionOutput, RequestMetrics, RequestOutput, TokenLogprob
+from servelab.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 
 @dataclass
 class _Sample:
     request: EngineCoreRequest
-    completion: CompletionOutput
+    completion: CompletionOutput  # the sample so far
     detokenizer: IncrementalDetokenizer
     times: EngineCoreTimes
-    full_text: str = ""
+    full_text: str = ""  # completion.text plus what is held back as a possible stop string
+    # how much of completion has gone out in deltas
+    num_sent_chars: int = 0
+    num_sent_tokens: int = 0
+    sent_finish: bool = False
 
 
 @dataclass
@@ -37,11 +46,14 @@ class OutputProcessorOutput:
     request_outputs: list[RequestOutput]
     # engine-core requests whose stop string matched: finished here, still to be retired in the core
     stopped_request_ids: list[str]
+    # for each of those, the output tokens it kept (up to the one that completed the stop string)
+    stopped_num_tokens: list[int] = field(default_factory=list)
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, cumulative: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.cumulative = cumulative
         self._parents: dict[str, _ParentState] = {}
         self._sample_of: dict[str, tuple[_ParentState, _Sample]] = {}
 
@@ -68,51 +80,64 @@ class OutputProcessor:
     def has(self, request_id: str) -> bool:
         return request_id in self._parents
 
-    def process(self, outputs: list[EngineCoreOutput]) -> OutputProcessorOutput:
-        """A snapshot of every parent request that changed, and the requests a stop string ended."""
+    def forget(self, request_id: str) -> None:
+        parent = self._parents.get(request_id)
+        if parent is not None:
+            self._drop(parent)
+
+    def process(self, deltas: list[RequestDelta]) -> OutputProcessorOutput:
+        """An output for every parent request that changed, and the requests a stop string ended."""
         changed: dict[str, _ParentState] = {}
-        stopped: list[str] = []
-        for out in outputs:
-            entry = self._sample_of.get(out.request_id)
+        result = OutputProcessorOutput([], [])
+        for delta in deltas:
+            entry = self._sample_of.get(delta.request_id)
             if entry is None:
                 continue
             parent, sample = entry
             if sample.completion.finished:
                 continue
-            sample.times = out.times
-            stop = None
-            for count, token in enumerate(out.new_tokens, 1):
-                # the finish reason belongs to the step's last token
-                stop = self._add_token(sample, token, out.finish_reason if count == len(out.new_tokens) else None)
-                if stop is not None:
-                    break
+            sample.times = delta.times
+            stop = self._add_tokens(sample, delta)
             if stop is not None:
-                # it ended with the token that completed the stop string (the core may have taken more)
-                sample.times = replace(out.times, finished=out.times.last_token)
+                # it ended with the token that completed the stop string; what the core sampled after is dropped
+                sample.times = replace(delta.times, finished=delta.times.last_token)
                 self._finish(sample, "stop", stop)
-                if out.finish_reason is None:
-                    stopped.append(out.request_id)
-            elif out.finish_reason is not None:
-                self._finish(sample, out.finish_reason, self._stop_token_id(sample, out))
+                result.stopped_request_ids.append(delta.request_id)
+                result.stopped_num_tokens.append(len(sample.completion.token_ids))
+            elif delta.finish_reason is not None:
+                self._finish(sample, delta.finish_reason, self._stop_token_id(sample, delta))
             changed[parent.request_id] = parent
-        results = [self._snapshot(p) for p in changed.values()]
+        make = self._snapshot if self.cumulative else self._delta
+        result.request_outputs = [make(p) for p in changed.values()]
         for parent in changed.values():
             if parent.finished:
                 self._drop(parent)
-        return OutputProcessorOutput(results, stopped)
+        return result
 
-    def _add_token(self, sample: _Sample, token: SampledToken, finish_reason: str | None) -> str | None:
-        """Append a token and its text; returns the stop string it completed, if any."""
+    def _add_tokens(self, sample: _Sample, delta: RequestDelta) -> str | None:
+        """Append the delta's tokens and their text; returns the stop string one of them completed, if any."""
         completion = sample.completion
-        completion.token_ids.append(token.token_id)
-        if completion.logprobs is not None and token.logprob is not None:
-            completion.logprobs.append(TokenLogprob(token.token_id, token.logprob, token.top_logprobs or []))
-            completion.cumulative_logprob += token.logprob
-        delta = sample.detokenizer.add(token.token_id)
-        if finish_reason == "stop" and _ends_on_stop_token(sample, token.token_id):
-            delta = ""  # EOS / a stop token id ends the text without its own text (vLLM's behaviour)
+        last = len(delta.new_token_ids) - 1
+        for i, token_id in enumerate(delta.new_token_ids):
+            completion.token_ids.append(token_id)
+            if completion.logprobs is not None and delta.new_logprobs is not None and i < len(delta.new_logprobs):
+                entry = delta.new_logprobs[i]
+                completion.logprobs.append(entry)
+                completion.cumulative_logprob += entry.logprob
+            finish_reason = delta.finish_reason if i == last else None
+            text = sample.detokenizer.add(token_id)
+            if finish_reason == "stop" and _ends_on_stop_token(sample, token_id):
+                text = ""  # EOS / a stop token id ends the text without its own text (vLLM's behaviour)
+            stop = self._add_text(sample, text, finish_reason)
+            if stop is not None:
+                return stop
+        return None
+
+    @staticmethod
+    def _add_text(sample: _Sample, text: str, finish_reason: str | None) -> str | None:
+        completion = sample.completion
         old_len = len(sample.full_text)
-        sample.full_text += delta
+        sample.full_text += text
         stops = sample.request.sampling_params.stop
         if not stops or finish_reason is not None:
             completion.text = sample.full_text
@@ -130,11 +155,11 @@ class OutputProcessor:
         return None
 
     @staticmethod
-    def _stop_token_id(sample: _Sample, out: EngineCoreOutput) -> int | None:
+    def _stop_token_id(sample: _Sample, delta: RequestDelta) -> int | None:
         """The stop token id that ended the request; None for EOS, which the core checks first."""
-        if out.finish_reason != "stop" or not out.new_tokens:
+        if delta.finish_reason != "stop" or not delta.new_token_ids:
             return None
-        token_id, params = out.new_tokens[-1].token_id, sample.request.sampling_params
+        token_id, params = delta.new_token_ids[-1], sample.request.sampling_params
         if not params.ignore_eos and token_id in sample.request.eos_token_ids:
             return None
         return token_id if token_id in params.stop_token_ids else None
@@ -146,17 +171,30 @@ class OutputProcessor:
         completion.finish_reason = finish_reason
         completion.stop_reason = stop_reason
 
-    def _snapshot(self, parent: _ParentState) -> RequestOutput:
+    @staticmethod
+    def _metrics(parent: _ParentState) -> RequestMetrics:
         times = parent.samples[0].times
-        metrics = RequestMetrics(times.arrival, times.first_scheduled, times.first_token, times.finished,
-                                 sum(s.times.num_preemptions for s in parent.samples))
-        completions = [
-            CompletionOutput(c.index, c.text, list(c.token_ids), c.cumulative_logprob,
-                             list(c.logprobs) if c.logprobs is not None else None, c.finish_reason, c.stop_reason)
-            for c in (s.completion for s in parent.samples)
-        ]
+        return RequestMetrics(times.arrival, times.first_scheduled, times.first_token, times.finished,
+                              sum(s.times.num_preemptions for s in parent.samples))
+
+    def _snapshot(self, parent: _ParentState) -> RequestOutput:
+        completions = [s.completion.copy() for s in parent.samples]
         return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, completions,
-                             parent.finished, metrics)
+                             parent.finished, self._metrics(parent))
+
+    def _delta(self, parent: _ParentState) -> RequestOutput:
+        completions = []
+        for s in parent.samples:
+            c = s.completion
+            num_tokens, num_chars = len(c.token_ids), len(c.text)
+            if num_tokens == s.num_sent_tokens and num_chars == s.num_sent_chars and c.finished == s.sent_finish:
+                continue
+            logprobs = None if c.logprobs is None else c.logprobs[s.num_sent_tokens:]
+            completions.append(CompletionOutput(c.index, c.text[s.num_sent_chars:], c.token_ids[s.num_sent_tokens:],
+                                                c.cumulative_logprob, logprobs, c.finish_reason, c.stop_reason))
+            s.num_sent_tokens, s.num_sent_chars, s.sent_finish = num_tokens, num_chars, c.finished
+        return RequestOutput(parent.request_id, parent.prompt, parent.prompt_token_ids, completions,
+                             parent.finished, self._metrics(parent))
 
     def _drop(self, parent: _ParentState) -> None:
         self._parents.pop(parent.request_id, None)

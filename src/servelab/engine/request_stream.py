@@ -1,4 +1,4 @@
-"""The event-loop side of one engine request: cumulative RequestOutput snapshots as an async iterator."""
+"""The event-loop side of one engine request: its RequestOutput deltas as an async iterator."""
 from __future__ import annotations
 
 import asyncio
@@ -8,10 +8,12 @@ from servelab.outputs import RequestOutput
 
 
 class RequestStream:
-    """The event-loop side of one request: an async iterator of cumulative RequestOutput snapshots.
+    """The event-loop side of one request: an async iterator of RequestOutput deltas (what the request gained
+    since the consumer last took one).
 
-    Only the latest snapshot is kept, so a slow consumer skips intermediate ones and memory stays
-    bounded; the finished snapshot is never skipped. All methods run on the event loop.
+    Deltas the consumer has not taken yet are summed into one (RequestOutput.add), so a slow consumer gets
+    everything in fewer, larger deltas and one output waits at most; the finished one is never skipped. All
+    methods run on the event loop.
 
     A consumer that serves many requests (a Job) may instead set `listener`: it is called, on the loop,
     each time news arrives, and takes the news with take() -- no task and no wake-up per token."""
@@ -22,7 +24,7 @@ class RequestStream:
         self.first_token_time: float | None = None
         self.done = False  # the consumer has seen the end (finished output or error)
         self.listener: Callable[[], None] | None = None  # must not raise: it runs inside the engine's dispatch
-        self._latest: RequestOutput | None = None
+        self._unread: RequestOutput | None = None
         self._error: BaseException | None = None
         self._event = asyncio.Event()
 
@@ -34,7 +36,10 @@ class RequestStream:
     def on_output(self, output: RequestOutput, token_time: float | None) -> None:
         if token_time is not None and self.first_token_time is None:
             self.first_token_time = token_time
-        self._latest = output
+        if self._unread is None:
+            self._unread = output
+        else:
+            self._unread.add(output)
         self._notify()
 
     def on_error(self, error: BaseException) -> None:
@@ -52,9 +57,9 @@ class RequestStream:
 
     # ---- consumed by the request handler
     def take(self) -> RequestOutput | None:
-        """The latest snapshot not taken yet (None when there is none); raises the error once it ends in one."""
-        if self._latest is not None:
-            output, self._latest = self._latest, None
+        """What arrived since the last take (None when nothing did); raises the error once it ends in one."""
+        if self._unread is not None:
+            output, self._unread = self._unread, None
             if output.finished:
                 self.done = True
             return output

@@ -17,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     from servelab.engine_args import EngineArgs
 
     parser = argparse.ArgumentParser(prog="servelab", description=__doc__)
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate text for one prompt, streamed to the terminal")
@@ -29,9 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     from servelab.entrypoints.serve import add_serve_parser
     add_serve_parser(sub)
 
-    bench = sub.add_parser("bench", help="benchmarks (results under benchmarks/results/)")
+    bench = sub.add_parser("bench", help="benchmarks (results under ./bench-results/ unless --result-dir)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
-    from servelab.bench import latency, perplexity, throughput
+    from servelab.bench import perplexity
+    from servelab.bench.offline import latency, throughput
     throughput.add_parser(bench_sub)
     latency.add_parser(bench_sub)
     perplexity.add_parser(bench_sub)
@@ -46,6 +48,31 @@ def build_parser() -> argparse.ArgumentParser:
     from servelab.lab.web.server import add_web_parser
     add_web_parser(add_lab_parser(sub))
     return parser
+
+
+class _Version(argparse.Action):
+    """--version: print version_text() (argparse's own version action rewraps it) and exit."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="print the version and whether the compiled lab modules are in use (SERVELAB_COMPILED)"):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
+
+
+def version_text() -> str:
+    """`servelab --version`: the version and whether the compiled simulator modules are in use."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from servelab import compiled
+
+    try:
+        number = version("servelab")
+    except PackageNotFoundError:
+        number = "unknown"
+    return f"servelab {number}\n{compiled.describe()}"
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:

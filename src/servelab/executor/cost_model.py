@@ -62,7 +62,7 @@ class CostModel:
         # FlashAttention-3's fp8 path runs QK^T and PV in fp8 when the KV cache is fp8 (Shah et al. 2024)
         self.attention_flops = device.gemm_flops(kv) * efficiency.attention
         # no kernel streams faster than a STREAM-like copy (the GPU's memory_ceiling)
-        ceiling = device.memory_ceiling
+        ceiling = device.memory_ceiling or float("inf")
         self.bandwidth = device.memory_bandwidth * min(efficiency.memory, ceiling)
         self.kv_bandwidth = device.memory_bandwidth * min(efficiency.kv_memory, ceiling)
         self.matmul_half_tokens = matmul_half_tokens(efficiency, device)

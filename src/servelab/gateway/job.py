@@ -72,13 +72,12 @@ class Job:
         self.params = params
         self.stream = stream
         self.streams: list[RequestStream] = []
-        self.final: dict[int, RequestOutput] = {}
+        self.final: dict[int, RequestOutput] = {}  # per prompt, its output so far (the sum of its deltas)
         self.status = 200
         self.error: str | None = None
         self._tasks: list[asyncio.Task] = []
         self._closed = False
         self.max_unsent_tokens = max_unsent_tokens
-        self._num_yielded_tokens = [0] * len(requests)  # per prompt: tokens in the snapshot last handed on
         self._slow_aborted: set[int] = set()
 
     async def start(self) -> None:
@@ -101,12 +100,13 @@ class Job:
             await asyncio.wait_for(awaitable, max(0.0, self.ctx.deadline - asyncio.get_running_loop().time()))
 
     async def outputs(self, watch_disconnect: bool = False) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(prompt index, latest snapshot) as they change, until every request finished. Raises
-        OpenAIError on timeout or engine failure, ClientDisconnected when watching and the client left.
+        """(prompt index, delta: what that prompt's request gained since the last one) as they come, until every
+        request finished. Raises OpenAIError on timeout or engine failure, ClientDisconnected when watching and
+        the client left.
 
         The streams' news is taken as it arrives (their listener), not by a task per stream: the slow-reader
-        check and the ticket see every snapshot even while this generator's consumer is blocked writing."""
-        latest: dict[int, RequestOutput] = {}
+        check and the ticket see every delta even while this generator's consumer is blocked writing."""
+        unsent: dict[int, RequestOutput] = {}  # per prompt, the deltas not yielded yet, summed
         errors: list[BaseException] = []
         wake = asyncio.Event()
         client_gone = timed_out = False
@@ -119,8 +119,11 @@ class Job:
                         return
                     if any(c.token_ids for c in out.outputs):
                         self.ticket.started(index)
-                    latest[index] = out
-                    self._check_unsent(index, out)
+                    if index in unsent:
+                        unsent[index].add(out)
+                    else:
+                        unsent[index] = out
+                    self._check_unsent(index, unsent[index])
                 except Exception as exc:
                     errors.append(exc)
                 wake.set()
@@ -152,22 +155,25 @@ class Job:
                     raise engine_error(errors[0])
                 if client_gone:
                     raise ClientDisconnected()
-                if not latest:
+                if not unsent:
                     if timed_out:
                         raise asyncio.TimeoutError()
                     wake.clear()
                     await wake.wait()
                     continue
-                items = sorted(latest.items())
-                latest.clear()
+                items = sorted(unsent.items())
+                unsent.clear()
                 for index, out in items:
-                    self.final[index] = out
-                    self._num_yielded_tokens[index] = _num_tokens(out)
+                    if index in self.final:
+                        self.final[index].add(out)
+                    else:
+                        self.final[index] = out.copy()
                     if out.finished:
                         remaining.discard(index)
-                        if any(c.finish_reason not in ("stop", "length") for c in out.outputs):
+                        completions = self.final[index].outputs
+                        if any(c.finish_reason not in ("stop", "length") for c in completions):
                             raise internal_error("the engine ended the request without finishing it "
-                                                 f"({', '.join(str(c.finish_reason) for c in out.outputs)})")
+                                                 f"({', '.join(str(c.finish_reason) for c in completions)})")
                     yield index, out
         except asyncio.TimeoutError as exc:
             self.abort_unfinished()
@@ -179,13 +185,13 @@ class Job:
                 stream.listener = None
             self._cancel_tasks()
 
-    def _check_unsent(self, index: int, out: RequestOutput) -> None:
+    def _check_unsent(self, index: int, unsent: RequestOutput) -> None:
         """Runs while the consumer may be blocked writing to a client that stopped reading: the engine must
         not go on generating (and holding KV blocks) for it without bound."""
         limit = self.max_unsent_tokens
-        if limit is None or out.finished or index in self._slow_aborted:
+        if limit is None or unsent.finished or index in self._slow_aborted:
             return
-        num_unsent = _num_tokens(out) - self._num_yielded_tokens[index]
+        num_unsent = _num_tokens(unsent)
         if num_unsent > limit:
             self._slow_aborted.add(index)
             request_id = self.streams[index].request_id

@@ -1,4 +1,5 @@
-"""OpenAI's response bodies and stream chunks, built from the RequestOutput snapshots of a Job."""
+"""OpenAI's response bodies and stream chunks, built from a Job's RequestOutputs: its deltas for a stream,
+their sum for a body."""
 from __future__ import annotations
 
 import time
@@ -17,8 +18,6 @@ from servelab.parsers import ChatDelta, ChatOutputParser
 @dataclass
 class _ChoiceState:
     """What one choice's stream has sent so far."""
-    num_chars: int = 0
-    num_logprobs: int = 0
     text_offset: int = 0
     started: bool = False
     finished: bool = False
@@ -124,11 +123,10 @@ class ResponseBuilder:
             state = states[index]
             if state.finished:
                 continue
-            text = c.text[state.num_chars:]
-            logprobs = (c.logprobs or [])[state.num_logprobs:]
-            state.num_chars, state.num_logprobs, state.finished = len(c.text), len(c.logprobs or []), c.finished
-            if text or logprobs or c.finished:
-                yield index, c, state, text, logprobs
+            logprobs = c.logprobs or []
+            state.finished = c.finished
+            if c.text or logprobs or c.finished:
+                yield index, c, state, c.text, logprobs
 
     @staticmethod
     async def _stream_end(job: Job, include_usage: bool, head: dict) -> AsyncIterator[bytes]:

@@ -87,10 +87,12 @@ class OpenAIServing:
         return await self._complete(job, lambda: self.responses.chat_body(job, req))
 
     async def tokenize(self, http: Request) -> Response:
-        return JSONResponse(tokenize(self.tokenizer, await self._read_json(http), self.input_processor.limits.max_model_len))
+        body = await self._read_json(http)
+        return JSONResponse(tokenize(self.tokenizer, body, self.input_processor.limits.max_model_len))
 
     async def detokenize(self, http: Request) -> Response:
-        return JSONResponse(detokenize(self.tokenizer, await self._read_json(http), self.input_processor.limits.vocab_size))
+        body = await self._read_json(http)
+        return JSONResponse(detokenize(self.tokenizer, body, self.input_processor.limits.vocab_size))
 
     # ---- request handling
     async def _read_json(self, http: Request):
@@ -136,7 +138,9 @@ class OpenAIServing:
 
     def _chat_prompt(self, req: ChatCompletionRequest) -> PromptType:
         messages = req.template_messages()
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools and req.tool_choice != "none" else None
+        tools = None
+        if req.tools and req.tool_choice != "none":
+            tools = [t.model_dump(exclude_none=True) for t in req.tools]
         if not template_reads_tools(self.tokenizer.chat_template):
             messages, tools = hermes_messages(messages, tools), None
         try:

@@ -7,11 +7,6 @@ analysis/   meters, evaluation, advisor and its decisions, sweeps, text reports
 calibrate/  profile the real engine, fit the cost model to it, validate the lab against real runs
 api.py      the typed lab API that both front-ends call
 cli.py, web/  the front-ends: `servelab lab ...` and the /lab page
-Kept free of other imports here, so that `import servelab.lab.sim` stays light.
+Kept free of imports, so that `import servelab.lab.sim` stays light. The simulator's compiled modules are
+switched on by SERVELAB_COMPILED (servelab/compiled), not by importing the lab.
 """
-from servelab import compiled as _compiled
-
-# The simulator's mypyc-compiled modules (servelab/compiled), when built and current, in a process that imports
-# the lab before the engine's modules: `servelab lab ...`, the page's simulation worker, the lab's benchmarks.
-# The serving engine (engine cores, LLM) never imports the lab first, so it runs the Python sources.
-_compiled.install()

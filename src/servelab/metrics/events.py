@@ -58,10 +58,10 @@ class KVTransferSample:
 
 @dataclass(frozen=True)
 class EngineEvents:
-    """One engine loop iteration of one engine core: the state after it, the step it ran (if any), who
-    finished."""
+    """One message of one engine core (a loop iteration, or several coalesced when the API server lagged): the
+    state after it, the steps it ran, who finished."""
     state: EngineState
-    step: StepSample | None = None
+    steps: list[StepSample] = field(default_factory=list)
     finished: list[FinishedRequest] = field(default_factory=list)
     engine_index: int = 0
     kv_transfers: list[KVTransferSample] = field(default_factory=list)

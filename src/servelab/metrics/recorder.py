@@ -55,8 +55,8 @@ class MetricsRecorder:
     def _record(self, events: EngineEvents) -> None:
         m = self.metrics
         m.record_state(events.state, events.engine_index)
-        if events.step is not None:
-            m.record_step(events.step, events.engine_index)
+        for step in events.steps:
+            m.record_step(step, events.engine_index)
         for request in events.finished:
             m.record_finished(request)
         for transfer in events.kv_transfers:
@@ -64,10 +64,10 @@ class MetricsRecorder:
         now = time.monotonic()
         with self._lock:
             self._states[events.engine_index] = events.state
-            if events.step is not None:
+            for step in events.steps:
                 self._totals["num_steps_total"] += 1
-                self._totals["prompt_tokens_total"] += events.step.num_prompt_tokens
-                self._totals["generation_tokens_total"] += events.step.num_generation_tokens
+                self._totals["prompt_tokens_total"] += step.num_prompt_tokens
+                self._totals["generation_tokens_total"] += step.num_generation_tokens
             for request in events.finished:
                 self._totals["requests_finished_total"] += 1
                 self._finish_reasons.update(request.finish_reasons)

@@ -174,11 +174,12 @@ class Sampler:
 
         num_rows, device = logits.shape[0], logits.device
         needs_penalties = any(p.needs_penalties for p in params)
-        logits = logits.to(torch.float32, memory_format=torch.contiguous_format, copy=needs_penalties)
+        shapes_logits = any(p.shapes_logits for p in params)
+        logits = logits.to(torch.float32, memory_format=torch.contiguous_format, copy=needs_penalties or shapes_logits)
         if needs_penalties:
             apply_penalties_(logits, rows)
         model_logits = logits
-        if any(p.shapes_logits for p in params):
+        if shapes_logits:
             # Logprobs describe the model (with its penalties); the bias and the grammar only steer the draw.
             if any(p.logprobs is not None for p in params):
                 logits = logits.clone()
