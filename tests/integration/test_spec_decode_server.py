@@ -6,7 +6,7 @@ import json
 
 import httpx
 
-from server_helpers import TINY_ENGINE_FLAGS, parse_sse, wait_for_metrics
+from servelab.testing.server import TINY_ENGINE_FLAGS, parse_sse, wait_for_metrics
 from servelab import LLM, SamplingParams
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
