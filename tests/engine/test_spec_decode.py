@@ -15,15 +15,9 @@ TEXTS = [
 PROMPTS = TEXTS + [{"prompt_token_ids": [500] * 20}]
 
 
-@pytest.fixture(scope="module", params=["tiny_llama_dir", "default_model_dir"])
-def model_dir(request):
-    return request.getfixturevalue(request.param)
-
-
-def generate(folder, **kwargs):
+def generate(folder, prompts, max_tokens, **kwargs):
     llm = LLM(str(folder), dtype="float32", **kwargs)
-    params = [SamplingParams(temperature=0, max_tokens=n) for n in (40, 33, 24, 40, 60)]
-    outputs = llm.generate(PROMPTS, params)
+    outputs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens])
     engine = llm.engine
     assert not engine.has_unfinished_requests()
     state = engine.get_state()
@@ -32,14 +26,23 @@ def generate(folder, **kwargs):
     return [o.outputs[0].token_ids for o in outputs], [o.outputs[0].finish_reason for o in outputs], engine
 
 
-@pytest.mark.parametrize("budget", [1024, 6])
-def test_greedy_identical_with_speculation(model_dir, budget):
-    expected, reasons, _ = generate(model_dir, max_num_batched_tokens=budget)
-    got, got_reasons, engine = generate(model_dir, max_num_batched_tokens=budget, speculative_config=SPEC)
+def check_identical(folder, prompts, max_tokens, **kwargs):
+    expected, reasons, _ = generate(folder, prompts, max_tokens, **kwargs)
+    got, got_reasons, engine = generate(folder, prompts, max_tokens, speculative_config=SPEC, **kwargs)
     assert got == expected and got_reasons == reasons
-    scheduler = engine._scheduler
-    assert scheduler.spec_num_drafts_total > 0 and scheduler.spec_num_accepted_tokens_total > 0
-    assert sum(scheduler.spec_num_accepted_tokens_per_pos) == scheduler.spec_num_accepted_tokens_total
+    state = engine.get_state()
+    assert state.spec_num_drafts_total > 0 and state.spec_num_accepted_tokens_total > 0
+    assert sum(state.spec_num_accepted_tokens_per_pos) == state.spec_num_accepted_tokens_total
+
+
+@pytest.mark.parametrize("budget", [1024, 6])  # 6: drafts cut to the budget, prompts chunked beside them
+def test_greedy_identical_with_speculation_tiny(tiny_llama_dir, budget):
+    check_identical(tiny_llama_dir, PROMPTS, (40, 33, 24, 40, 60), max_num_batched_tokens=budget)
+
+
+def test_greedy_identical_with_speculation_default_model(default_model_dir):
+    # the two prompts whose answers copy the prompt (a list, code): drafts hit
+    check_identical(default_model_dir, TEXTS[:2], (32, 32))
 
 
 def test_lab_profile_measures_acceptance(tiny_llama_dir):
