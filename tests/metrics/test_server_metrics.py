@@ -120,3 +120,19 @@ def test_prefix_cache_counters_add_what_each_engine_reports():
     assert 'servelab:prefix_cache_queries_total{engine="0",model_name="m"} 250.0' in text
     assert 'servelab:prefix_cache_hits_total{engine="0",model_name="m"} 96.0' in text
     assert 'servelab:prefix_cache_hits_total{engine="1",model_name="m"} 5.0' in text
+
+
+def test_spec_decode_counters_with_vllm_names():
+    metrics = ServerMetrics("m", weight_bytes=1)
+    metrics.record_state(STATE)  # an engine that does not speculate: no series
+    assert not [name for name in scrape(metrics) if "spec_decode" in name]
+    spec = dict(spec_num_drafts_total=4, spec_num_draft_tokens_total=12, spec_num_accepted_tokens_total=7,
+                spec_num_accepted_tokens_per_pos=(4, 2, 1))
+    metrics.record_state(EngineState(0, 0, 0.0, 8, 8, 4, 0, 4, 0, **spec))
+    later = dict(spec, spec_num_drafts_total=5, spec_num_accepted_tokens_per_pos=(5, 2, 1))
+    metrics.record_state(EngineState(0, 0, 0.0, 8, 8, 4, 0, 4, 0, **later))
+    v = scrape(metrics)
+    assert (v["servelab:spec_decode_num_drafts_total"], v["servelab:spec_decode_num_draft_tokens_total"],
+            v["servelab:spec_decode_num_accepted_tokens_total"]) == (5, 12, 7)
+    per_pos = {name: value for name, value in v.items() if name.startswith("servelab:spec_decode_num_accepted_tokens_per_pos_total")}
+    assert [per_pos[name] for name in sorted(per_pos)] == [5, 2, 1] and all('position="' in name for name in per_pos)

@@ -2,6 +2,7 @@
 that name the field, one simulation at a time."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import threading
@@ -27,6 +28,8 @@ def lab_argv(command: str, body: dict) -> list[str]:
             continue
         if field in TARGET_FLAGS:
             argv += [TARGET_FLAGS[field], f"{value}ms"]
+        elif isinstance(value, dict):
+            argv += ["--" + field.replace("_", "-"), json.dumps(value)]
         else:
             argv += ["--" + field.replace("_", "-"), str(value)]
     return [*argv, "--json"]
@@ -59,6 +62,8 @@ def test_simulate_is_byte_identical_to_the_command(lab_web, capsys):
     catalog = httpx.get(f"{lab_web.url}/lab/api/catalog", timeout=10).json()
     bodies = [p["inputs"] for p in catalog["presets"]]
     bodies.append({**SMALL, "burstiness": 0.5, "tpot_target_ms": 20, "max_num_seqs": 32, "request_rate": "inf"})
+    bodies.append({**SMALL, "speculative_config": {"method": "ngram", "num_speculative_tokens": 3},
+                   "spec_acceptance_rate": 0.7})
     for body in bodies:
         response = post(lab_web.url, "simulate", body)
         code, printed = command_output(capsys, "simulate", body)
@@ -111,6 +116,11 @@ def test_advise_is_byte_identical_to_the_command(lab_web, capsys):
     ("simulate", {"seed": True}, "seed", "integer"),
     ("simulate", {"colour": "red"}, "colour", "unknown field"),
     ("simulate", {"max_gpus": 4}, "max_gpus", "unknown field"),
+    ("simulate", {"spec_acceptance_rate": 1.5}, "spec_acceptance_rate", "1"),
+    ("simulate", {"speculative_config": {"method": "ngram"}, "spec_acceptance_rate": 0.5}, "speculative_config",
+     "num_speculative_tokens"),
+    ("simulate", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative_config",
+     "spec_acceptance_rate"),
     ("advise", {"ttft_target_ms": None}, "ttft_target_ms", "advise needs ttft_target_ms"),
     ("advise", {"ttft_target_ms": 500, "max_gpus": 1000}, "max_gpus", "64"),
 ])
