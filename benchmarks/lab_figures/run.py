@@ -7,6 +7,7 @@ benchmarks/lab_figures/lab_figures.{json,md}.
 """
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -22,6 +23,7 @@ KEYS = ["request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_m
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     rows = []
     for model, num_gpus, tp in SHAPES:
         d = DeploymentRequest(model=model, gpu="h100", num_gpus=num_gpus, tp=tp).build()

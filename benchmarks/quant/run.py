@@ -4,6 +4,7 @@ decode: 64 x (128 in, 64 out) per precision; perplexity last. Writes its results
 
     python benchmarks/quant/run.py      (on a quiet machine; LLAMA_CPP_BIN=folder of llama-bench, THREADS=n)
 """
+import argparse
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ def cli(*args: str) -> None:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     from servelab.model.loader import default_gguf_path
 
     threads = os.environ.get("THREADS", str(os.cpu_count()))
