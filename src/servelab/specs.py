@@ -58,8 +58,9 @@ class DeviceSpec:
     family: str = ""
     fp8_flops: float | None = None
     fp4_flops: float | None = None
-    # The share of memory_bandwidth a STREAM-like copy measures: no kernel streams faster.
-    memory_ceiling: float = 1.0
+    # The share of memory_bandwidth a STREAM-like copy measures: no kernel streams faster. None: a measured
+    # CPU profile, whose fractions are conversion factors of its own fitted figures.
+    memory_ceiling: float | None = None
 
     def gemm_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s of a GEMM whose operands are in dtype."""

@@ -29,7 +29,7 @@ TRIAL_DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 # `servelab/core/plan.py`, `src/servelab/kernels/`, ...; and dotted modules such as `servelab.lab.sim`.
 FILE_PATH = re.compile(r"(?<![\w/.])(?:src/)?(servelab/[\w/]*[\w.]*\w/?)")
 MODULE = re.compile(r"(?<![\w/.])servelab(?:\.[a-z_][a-z0-9_]*)+")
-# The scripts a figure's command runs: `python benchmarks/soak.py`, `tests/integration/...py`.
+# The scripts a figure's command runs: `python benchmarks/soak/run.py`, `tests/integration/...py`.
 SCRIPT = re.compile(r"(?<![\w/.])((?:benchmarks|tests)/[\w/.-]+\.(?:py|sh))")
 
 

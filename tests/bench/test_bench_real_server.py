@@ -3,7 +3,7 @@ prompts, cross-checked with the server's own counters) and `bench stages` (three
 import json
 
 import pytest
-from server_helpers import TINY_ENGINE_FLAGS, metric_values
+from servelab.testing.server import TINY_ENGINE_FLAGS, metric_values
 
 from servelab.bench import stages
 from servelab.entrypoints.cli import main

@@ -3,7 +3,7 @@ the trace's lengths, and a Mooncake trace's shared hash_ids are prefix-cache hit
 import json
 
 import pytest
-from server_helpers import TINY_ENGINE_FLAGS, metric_values
+from servelab.testing.server import TINY_ENGINE_FLAGS, metric_values
 
 from servelab.entrypoints.cli import main
 

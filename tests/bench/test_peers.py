@@ -203,7 +203,7 @@ def test_parse_lscpu():
 def test_servelab_offline_loops_drive_a_real_engine_to_the_end():
     """generate_offline / servelab_decode (the offline and decode rows) on a real LLMEngine over the stub executor:
     every request runs to its length and the engine ends empty, with every block free."""
-    from stub_engine import make_engine
+    from servelab.testing.stub_engine import make_engine
 
     from servelab.bench.datasets import BenchRequest
     from servelab.bench.peers.runs import generate_offline, servelab_decode
@@ -217,21 +217,29 @@ def test_servelab_offline_loops_drive_a_real_engine_to_the_end():
     assert state.num_running == state.num_waiting == 0 and state.num_free_blocks == state.num_blocks == 64
 
 
-@pytest.mark.slow
-def test_servelab_decodes_a_given_gguf_file_for_the_same_weights_row(tmp_path):
-    """The row beside each llama-bench GGUF: servelab loads that file with --quantization gguf (here a Q8_0
-    copy written with gguf-py, as llama-quantize writes llama.cpp's) and reports its stored size."""
+def test_servelab_decodes_a_given_gguf_file_for_the_same_weights_row(tmp_path, tiny_llama_dir):
+    """The row beside each llama-bench GGUF: servelab loads that file with --quantization gguf (here the tiny
+    random-weight Llama written as a Q8_0 GGUF with gguf-py, the block format llama-quantize writes for llama.cpp's
+    Q8_0 copy of the default model) and reports its stored size."""
+    import sys
     import types
+    from pathlib import Path
 
     import numpy as np
     from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
-    from gguf.quants import dequantize, quantize
+    from gguf.quants import quantize
+    from safetensors.torch import load_file
 
     from servelab.bench.peers.runs import run_servelab_gguf_decode
     from servelab.bench.peers.workloads import Workloads
-    from servelab.model.loader import default_gguf_path
 
-    reader, out = GGUFReader(default_gguf_path()), tmp_path / "model.Q8_0.gguf"
+    sys.path.insert(0, str(Path(__file__).parents[1] / "model"))
+    from test_loader import write_tiny_gguf  # a GGUF laid out as llama.cpp's converter writes one (F32)
+
+    config = json.loads((tiny_llama_dir / "config.json").read_text())
+    reader = GGUFReader(write_tiny_gguf(tmp_path / "tiny.gguf", load_file(str(tiny_llama_dir / "model.safetensors")),
+                                        config))
+    out = tmp_path / "tiny.Q8_0.gguf"
     writer = GGUFWriter(out, "llama")
     for field in reader.fields.values():
         if not field.name.startswith("GGUF.") and field.name != "general.architecture":
@@ -239,9 +247,8 @@ def test_servelab_decodes_a_given_gguf_file_for_the_same_weights_row(tmp_path):
                                  field.types[0] == field.types[0].ARRAY else None)
     for t in reader.tensors:
         data = np.asarray(t.data)
-        if t.tensor_type == GGMLQuantizationType.Q4_1:
-            data = quantize(dequantize(data, t.tensor_type), GGMLQuantizationType.Q8_0)
-            writer.add_tensor(t.name, data, raw_dtype=GGMLQuantizationType.Q8_0)
+        if data.ndim == 2:  # the matrices in 8-bit blocks, the norms as they are (F32)
+            writer.add_tensor(t.name, quantize(data, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
         else:
             writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
     writer.write_header_to_file()
@@ -252,5 +259,6 @@ def test_servelab_decodes_a_given_gguf_file_for_the_same_weights_row(tmp_path):
     row = run_servelab_gguf_decode(types.SimpleNamespace(threads=None, quick=True), work, out, "Q8_0")
     assert row["config"].endswith("--quantization gguf, Q8_0 GGUF") and row["output_throughput"] > 0
     tensors = GGUFReader(out).tensors  # the blocks as stored; the float32 norms held in bf16
+    assert {t.tensor_type for t in tensors} == {GGMLQuantizationType.Q8_0, GGMLQuantizationType.F32}
     assert row["weight_bytes"] == sum(int(t.n_bytes) if t.tensor_type != GGMLQuantizationType.F32
                                       else int(t.n_elements) * 2 for t in tensors)

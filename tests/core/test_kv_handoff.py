@@ -18,7 +18,7 @@ def test_a_finished_prefill_holds_its_blocks_until_released():
     engine.add_request(plain)
     outputs = run(engine)
     assert {o.request_id: o.finish_reason for o in outputs} == {"p": "length", "q": "length"}
-    assert [o.new_token.token_id for o in outputs if o.request_id == "p"] == [1006]
+    assert [t.token_id for o in outputs if o.request_id == "p" for t in o.new_tokens] == [1006]
     assert scheduler.kv_held_ids == {"p"} and bm.get_block_table("p") == [0, 1]
     assert "q" not in bm.block_tables and bm.num_free_blocks == 6 and not engine.has_unfinished_requests()
     assert scheduler.release_kv("p") and not scheduler.release_kv("p")
@@ -56,6 +56,6 @@ def test_a_remote_prefilled_request_decodes_from_its_first_token():
     first = executor.plans[-3].scheduled[0]
     assert (first.request_id, first.token_ids, first.num_computed_tokens) == ("d", [1010], 10)
     assert first.prompt_token_ids == list(range(1, 11)) and first.output_token_ids == [1010]
-    assert [o.new_token.token_id for o in outputs if o.new_token] == [1011, 1012, 1013]
+    assert [t.token_id for o in outputs for t in o.new_tokens] == [1011, 1012, 1013]
     assert decode.output_token_ids == [1010, 1011, 1012, 1013] and outputs[-1].finish_reason == "length"
     assert bm.num_free_blocks == 4

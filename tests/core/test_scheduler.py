@@ -50,8 +50,7 @@ def finished_tokens(outputs):
     """Each finished request's tokens, gathered from the outputs (values, as the output processor sees them)."""
     tokens = {}
     for o in outputs:
-        if o.new_token is not None:
-            tokens.setdefault(o.request_id, []).append(o.new_token.token_id)
+        tokens.setdefault(o.request_id, []).extend(t.token_id for t in o.new_tokens)
     return {o.request_id: tokens.get(o.request_id, []) for o in outputs if o.finished}
 
 

@@ -10,7 +10,7 @@ import signal
 
 import httpx
 import pytest
-from server_helpers import TINY_ENGINE_FLAGS, ServerProcess, children, free_port, wait_gone
+from servelab.testing.server import TINY_ENGINE_FLAGS, ServerProcess, children, free_port, wait_gone
 
 from servelab import LLM, SamplingParams
 from servelab.config import ParallelConfig

@@ -22,3 +22,22 @@ def test_int8_greedy_tokens_are_identical_at_tp1_and_tp2(tiny_llama_dir):
     finally:
         tp2.shutdown()
     assert got == expected
+
+
+def test_tp2_ranks_calibrate_on_an_empty_cache_as_one_rank_would(tiny_llama_dir, tmp_path, monkeypatch):
+    """No cache entry: each TP 2 rank calibrates a single-rank copy and caches it; TP 1 then reads that entry and
+    gives the same tokens."""
+    from servelab.entrypoints.cache_dir import servelab_cache_dir
+
+    (tmp_path / "kernels").symlink_to(servelab_cache_dir() / "kernels")  # the built kernels, not a rebuild
+    monkeypatch.setenv("SERVELAB_CACHE_DIR", str(tmp_path))
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(PROMPT_LENS, seed=1)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    tp2 = LLM(str(tiny_llama_dir), tensor_parallel_size=2, **FLAGS)
+    try:
+        got = [o.outputs[0].token_ids for o in tp2.generate(prompts, params)]
+    finally:
+        tp2.shutdown()
+    assert len(list((tmp_path / "quant").glob("int8-*.safetensors"))) == 1
+    tp1 = LLM(str(tiny_llama_dir), num_threads=1, **FLAGS)
+    assert [o.outputs[0].token_ids for o in tp1.generate(prompts, params)] == got

@@ -11,7 +11,7 @@ import signal
 
 import httpx
 import pytest
-from server_helpers import flood_with_disconnects, TINY_ENGINE_FLAGS, children, parse_sse, wait_for_metrics, wait_gone
+from servelab.testing.server import flood_with_disconnects, TINY_ENGINE_FLAGS, children, parse_sse, wait_for_metrics, wait_gone
 
 GRACE_S = 5.0
 

@@ -13,8 +13,8 @@ LOGPROB_TOLERANCE = 0.15
 def runs(default_model_dir):
     # Teacher-force the fp32 greedy continuation through both, so each step compares the same context.
     params = SamplingParams(temperature=0, max_tokens=16, logprobs=5)
-    fp32 = LLM(str(default_model_dir), dtype="float32").generate(PROMPTS, params)
-    bf16_llm = LLM(str(default_model_dir), dtype="bfloat16")
+    fp32 = LLM(str(default_model_dir), dtype="float32", num_kv_blocks=256).generate(PROMPTS, params)
+    bf16_llm = LLM(str(default_model_dir), dtype="bfloat16", num_kv_blocks=256)
     tok = bf16_llm.get_tokenizer()
     teacher = []
     for prompt, out in zip(PROMPTS, fp32):

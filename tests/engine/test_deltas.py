@@ -19,7 +19,7 @@ from servelab.engine.output_processor import OutputProcessor
 from servelab.metrics.events import EngineState, StepSample
 from servelab.outputs import TokenLogprob
 from servelab.sampling_params import SamplingParams
-from stub_engine import make_engine, tiny_tokenizer, word_id
+from servelab.testing.stub_engine import make_engine, tiny_tokenizer, word_id
 
 STATE = EngineState(0, 0, 0.0, 8, 8, 4, 0, 4, 0)
 

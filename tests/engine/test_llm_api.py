@@ -9,7 +9,7 @@ from servelab import LLM, SamplingParams
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama_dir):
-    return LLM(str(tiny_llama_dir), dtype="float32", max_model_len=256)
+    return LLM(str(tiny_llama_dir), dtype="float32", max_model_len=256, num_kv_blocks=256)
 
 
 def clean(llm):
@@ -73,7 +73,7 @@ def test_stop_token_ids_and_stop_strings(llm):
 
 
 def test_eos_stops_unless_ignore_eos(default_model_dir):
-    llm = LLM(str(default_model_dir), dtype="float32", max_model_len=512)
+    llm = LLM(str(default_model_dir), dtype="float32", max_model_len=512, num_kv_blocks=256)
     chat = [{"role": "user", "content": "What is the capital of France?"}]
     stopped = llm.chat(chat, SamplingParams(temperature=0, max_tokens=40))[0].outputs[0]
     assert stopped.finish_reason == "stop" and stopped.stop_reason is None
@@ -135,7 +135,8 @@ def test_unknown_model_path(tmp_path):
 def test_cli_generate_streams_and_reports_errors(tiny_llama_dir):
     run = lambda *a: subprocess.run([sys.executable, "-m", "servelab.entrypoints.cli", *a], capture_output=True,  # noqa: E731
                                     text=True, timeout=300)
-    ok = run("generate", "hello", "--model", str(tiny_llama_dir), "--max-tokens", "5", "--dtype", "float32")
+    ok = run("generate", "hello", "--model", str(tiny_llama_dir), "--max-tokens", "5", "--dtype", "float32",
+             "--num-kv-blocks", "64")
     assert ok.returncode == 0 and ok.stdout.strip(), ok.stderr
     bad = run("generate", "hello", "--model", "/nonexistent/model")
     assert bad.returncode == 2 and "servelab: error:" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,4 +1,5 @@
-"""Greedy token ids identical to Hugging Face transformers, for the same weights, in every schedule."""
+"""Greedy token ids identical to Hugging Face transformers, for the same weights, in every schedule: the tiny
+random-weight Llama and Qwen2 here, the default model in test_parity_default_model.py (the same tests)."""
 import pytest
 import torch
 
@@ -18,9 +19,9 @@ SCHEDULES = {
 }
 
 
-def make_prompts(vocab_size, seed=0):
+def make_prompts(vocab_size, prompt_lens=PROMPT_LENS, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, min(vocab_size, 30000), (n,), generator=g).tolist() for n in PROMPT_LENS]
+    return [torch.randint(3, min(vocab_size, 30000), (n,), generator=g).tolist() for n in prompt_lens]
 
 
 def hf_greedy(folder, prompts):
@@ -35,12 +36,16 @@ def hf_greedy(folder, prompts):
     return outs
 
 
-@pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir", "default_model_dir"])
-def model_case(request):
-    folder = request.getfixturevalue(request.param)
+def parity_case(folder, prompt_lens=PROMPT_LENS):
+    """(folder, prompts, HF's greedy tokens for each prompt)"""
     from servelab.model.loader import load_model_config
-    prompts = make_prompts(load_model_config(folder).vocab_size)
+    prompts = make_prompts(load_model_config(folder).vocab_size, prompt_lens)
     return folder, prompts, hf_greedy(folder, prompts)
+
+
+@pytest.fixture(scope="module", params=["tiny_llama_dir", "tiny_qwen2_dir"])
+def model_case(request):
+    return parity_case(request.getfixturevalue(request.param))
 
 
 def assert_engine_clean(llm):
@@ -54,7 +59,7 @@ def assert_engine_clean(llm):
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
 def test_greedy_matches_hf(model_case, schedule):
     folder, prompts, expected = model_case
-    llm = LLM(str(folder), dtype="float32", **SCHEDULES[schedule])
+    llm = LLM(str(folder), dtype="float32", **{"num_kv_blocks": 256, **SCHEDULES[schedule]})
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                            SamplingParams(temperature=0, max_tokens=NUM_NEW))
     got = [o.outputs[0].token_ids for o in outputs]
@@ -70,8 +75,9 @@ def test_prefix_cache_hits_match_hf(model_case):
     full blocks, short of its last token), and new prompts sharing a prefix with one that ran."""
     folder, prompts, expected = model_case
     longest = prompts[-1]  # 100 tokens: 6 full blocks
-    shared = [longest[:48] + prompts[5][:9], longest[:40]]  # 3 cached blocks + 9 new tokens; 2 blocks + 8
-    llm = LLM(str(folder), dtype="float32")
+    other = next(p for p in prompts if len(p) >= 17)  # its first 9 tokens differ from longest's 49th on
+    shared = [longest[:48] + other[:9], longest[:40]]  # 3 cached blocks + 9 new tokens; 2 blocks + 8
+    llm = LLM(str(folder), dtype="float32", num_kv_blocks=256)
     params = SamplingParams(temperature=0, max_tokens=NUM_NEW)
     first = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     assert [o.outputs[0].token_ids for o in first] == expected

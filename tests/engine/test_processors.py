@@ -7,7 +7,7 @@ from servelab.engine.core_protocol import RequestDelta
 from servelab.engine.input_processor import ContextLengthExceeded, child_requests
 from servelab.engine.output_processor import OutputProcessor
 from servelab.sampling_params import SamplingParams
-from stub_engine import VOCAB, make_engine, tiny_tokenizer, word_id
+from servelab.testing.stub_engine import VOCAB, make_engine, tiny_tokenizer, word_id
 
 
 def test_process_inputs_tokenizes_and_clamps_max_tokens():

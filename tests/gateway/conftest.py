@@ -1,16 +1,11 @@
-import sys
-from pathlib import Path
-
-# The gateway tests run a real LLMEngine over the stub executor in tests/engine/stub_engine.py.
-sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
-
-import pytest  # noqa: E402
+# The gateway tests run a real LLMEngine over servelab.testing's stub executor.
+import pytest
 
 
 @pytest.fixture(scope="module")
 def start_stub_server(tmp_path_factory):
     """start_stub_server(*flags) -> a ready StubServerProcess, killed when the module's tests end."""
-    from stub_process import StubServerProcess
+    from servelab.testing.stub_server import StubServerProcess
 
     servers = []
 

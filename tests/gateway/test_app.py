@@ -9,7 +9,7 @@ import httpx
 from servelab.engine.core_client import InprocClient
 from servelab.gateway.app import Gateway, build_app
 from servelab.gateway.config import ServerConfig
-from stub_engine import make_engine
+from servelab.testing.stub_engine import make_engine
 
 
 def run_app(engine, scenario, **config):

@@ -21,7 +21,7 @@ from servelab.engine.async_llm import AsyncLLM
 from servelab.gateway.config import ServerConfig
 from servelab.metrics.events import EngineState
 from servelab.sampling_params import SamplingParams
-from stub_engine import UNK, make_engine, tiny_tokenizer, word_id
+from servelab.testing.stub_engine import UNK, make_engine, tiny_tokenizer, word_id
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64

@@ -20,7 +20,7 @@ from servelab.gateway.config import ServerConfig
 from servelab.engine.engine_loads import EngineLoads
 from servelab.metrics.events import EngineState
 from servelab.sampling_params import SamplingParams
-from stub_engine import VOCAB, make_engine, tiny_tokenizer, word_id
+from servelab.testing.stub_engine import VOCAB, make_engine, tiny_tokenizer, word_id
 
 HELLO = VOCAB.index("hello")
 # eos at context length 9; a step that computes "hello" fails (once)

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from server_helpers import parse_sse, servelab_command, wait_for_metrics
+from servelab.testing.server import parse_sse, servelab_command, wait_for_metrics
 from servelab.entrypoints import cache_dir
 
 

@@ -1,13 +1,13 @@
 """Schemathesis fuzzes /v1/* of a real gateway process (stub engine, an API key) from the OpenAPI schema the
-server publishes (tests/gateway/fuzz_harness.py): every response is a documented status whose body fits the
+server publishes (servelab/testing/fuzz.py): every response is a documented status whose body fits the
 schema (errors: OpenAI's error body), there is no 5xx (503/504 come only from draining, a dead engine or a
-timeout, none of which happens here), and the server keeps serving. A bounded run; benchmarks/fuzz.py runs
+timeout, none of which happens here), and the server keeps serving. A bounded run; benchmarks/fuzz/run.py runs
 longer."""
 from __future__ import annotations
 
 import httpx
 
-from fuzz_harness import run_fuzz
+from servelab.testing.fuzz import run_fuzz
 
 API_KEY = "fuzz-key"
 EXAMPLES_PER_MODE = 50  # 3 operations x 2 modes: 300 cases, plus the unlisted methods

@@ -17,7 +17,7 @@ from servelab.gateway.app import Gateway, build_app
 from servelab.gateway.auth import ApiKeyAuth
 from servelab.gateway.config import ServerConfig
 from servelab.lab.web import routes as lab_routes
-from stub_engine import make_engine
+from servelab.testing.stub_engine import make_engine
 
 SECRET = "sk-servelab-SECRET-0123456789"
 

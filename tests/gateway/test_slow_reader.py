@@ -9,7 +9,7 @@ import time
 
 import httpx
 
-from server_helpers import wait_for_metrics
+from servelab.testing.server import wait_for_metrics
 
 MAX_UNSENT_TOKENS = 64
 FLAGS = ("--max-unsent-tokens", str(MAX_UNSENT_TOKENS), "--stub-max-model-len", "8192", "--stub-num-blocks", "8192",

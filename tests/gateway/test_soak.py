@@ -1,16 +1,16 @@
-"""A shortened soak (tests/gateway/soak_harness.py): 1,000 requests through a real gateway process over the
+"""A shortened soak (servelab/testing/soak.py): 1,000 requests through a real gateway process over the
 stub engine at saturation, with clients leaving at random points, requests running past --request-timeout
 and injected step faults. Afterwards nothing is lost, nothing is held, and the books agree."""
 from __future__ import annotations
 
 import asyncio
 
-from server_helpers import metric_values, wait_for_metrics
-from soak_harness import check_request_log, rss_bytes, run_soak
+from servelab.testing.server import metric_values, wait_for_metrics
+from servelab.testing.soak import check_request_log, rss_bytes, run_soak
 
 NUM_REQUESTS = 1000
 CONCURRENCY = 48
-# Growth of the server's anonymous RSS after warm-up (the first 10%); benchmarks/soak.py has the same bound.
+# Growth of the server's anonymous RSS after warm-up (the first 10%); benchmarks/soak/run.py has the same bound.
 # Cumulative snapshots queued without bound while the event loop lagged would fail it (the allocator kept that
 # peak: 17-44 MiB here on a quiet machine); the in-process engine's outputs wait as at most one coalesced delta
 # per request instead (core_client.OutputOutbox). A Python-level leak of ~20 KiB a request fails it too

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from server_helpers import TINY_ENGINE_FLAGS, children, metric_values, parse_sse, wait_gone
+from servelab.testing.server import TINY_ENGINE_FLAGS, children, metric_values, parse_sse, wait_gone
 
 MAX_QUEUED = 2
 

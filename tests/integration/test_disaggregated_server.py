@@ -16,7 +16,7 @@ import pytest
 
 from servelab.engine_args import EngineArgs
 from servelab.model.auto_quantization import resolve_quantization
-from server_helpers import flood_with_disconnects, TINY_ENGINE_FLAGS, children, parse_sse, wait_for_metrics, wait_gone
+from servelab.testing.server import flood_with_disconnects, TINY_ENGINE_FLAGS, children, parse_sse, wait_for_metrics, wait_gone
 
 GRACE_S = 5.0
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from servelab import LLM, SamplingParams
 from servelab.entrypoints.serve import OPENMP_SPIN_COUNT
-from server_helpers import flood_with_disconnects, TINY_ENGINE_FLAGS, children, metric_values, parse_sse, wait_for_metrics, wait_gone
+from servelab.testing.server import flood_with_disconnects, TINY_ENGINE_FLAGS, children, metric_values, parse_sse, wait_for_metrics, wait_gone
 
 GRACE_S = 5.0
 PROMPTS = [f"Request {i} is about" for i in range(8)]

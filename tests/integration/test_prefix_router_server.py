@@ -7,7 +7,7 @@ import asyncio
 
 import httpx
 import pytest
-from server_helpers import TINY_ENGINE_FLAGS, metric_values, wait_for_metrics
+from servelab.testing.server import TINY_ENGINE_FLAGS, metric_values, wait_for_metrics
 
 BLOCK = 16
 PREFIX_X = list(range(1000, 1160))  # 10 full blocks

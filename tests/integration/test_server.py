@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from servelab import LLM, SamplingParams
-from server_helpers import API_KEY, TINY_ENGINE_FLAGS, metric_values, parse_sse, wait_for_metrics
+from servelab.testing.server import API_KEY, TINY_ENGINE_FLAGS, metric_values, parse_sse, wait_for_metrics
 
 MODEL = "tiny-llama"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -12,7 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from server_helpers import API_KEY, TINY_ENGINE_FLAGS
+from servelab.testing.server import API_KEY, TINY_ENGINE_FLAGS
 
 MODEL = "tiny-llama"
 SCHEMAS = {
@@ -42,7 +42,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server(start_server, tiny_llama_dir):
-    server = start_server(tiny_llama_dir, *TINY_ENGINE_FLAGS, "--api-key", API_KEY, "--served-model-name", MODEL)
+    server = start_server(tiny_llama_dir, *TINY_ENGINE_FLAGS, "--api-key", API_KEY, "--served-model-name", MODEL,
+                          "--reasoning-parser", "qwen3")
     yield server
     server.stop()
 
@@ -255,3 +256,19 @@ def test_auto_mode_parses_hermes_calls_out_of_the_text(client, stream):
         choice = client.chat.completions.create(**kwargs).choices[0]
         assert (choice.message.content, choice.finish_reason) == ("Checking. ", "tool_calls")
         assert _validate_call(choice.message.tool_calls[0]) == {"zone": "UTC"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_is_split_out(client, stream):
+    """--reasoning-parser qwen3: <think> text goes to reasoning_content (a grammar makes the tiny model think)."""
+    kwargs = dict(model=MODEL, messages=ASK, max_tokens=40,
+                  extra_body={"structured_outputs": {"choice": ["<think>\nIt rains.\n</think>\n\nTake a coat."]},
+                              "chat_template_kwargs": {"enable_thinking": True}})
+    if stream:
+        chunks = [c for c in client.chat.completions.create(stream=True, **kwargs) if c.choices]
+        reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks)
+        content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    else:
+        message = client.chat.completions.create(**kwargs).choices[0].message
+        reasoning, content = message.reasoning_content, message.content
+    assert (reasoning, content) == ("\nIt rains.\n", "Take a coat.")

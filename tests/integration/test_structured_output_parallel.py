@@ -12,7 +12,7 @@ import pytest
 
 from servelab import LLM, SamplingParams
 from servelab.sampling_params import StructuredOutputsParams
-from server_helpers import TINY_ENGINE_FLAGS
+from servelab.testing.server import TINY_ENGINE_FLAGS
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "tags"], "properties": {
     "name": {"type": "string", "maxLength": 8},

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from server_helpers import TINY_ENGINE_FLAGS, parse_sse, wait_for_metrics
+from servelab.testing.server import TINY_ENGINE_FLAGS, parse_sse, wait_for_metrics
 
 KEY = "env-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

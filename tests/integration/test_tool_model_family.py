@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from servelab.model.tokenizer import Tokenizer
-from server_helpers import API_KEY, TINY_ENGINE_FLAGS
+from servelab.testing.server import API_KEY, TINY_ENGINE_FLAGS
 
 TEMPLATE = Path(__file__).parent / "data" / "qwen2_5_chat_template.jinja"
 TOOLS = [{"type": "function", "function": {

@@ -2,14 +2,34 @@ import os
 import time
 from pathlib import Path
 
-from servelab.kernels import STALE_LOCK_S, _break_stale_lock, _build_dir
+import servelab.kernels as kernels
+from servelab.kernels import HEADERS, SOURCES, STALE_LOCK_S, _break_stale_lock, _build_dir, _build_name, _staged_sources
 
 
-def test_two_checkouts_get_their_own_build_folder(tmp_path):
-    a = _build_dir(tmp_path, tmp_path / "checkout_a", "servelab_cpu_ops_x")
-    b = _build_dir(tmp_path, tmp_path / "checkout_b", "servelab_cpu_ops_x")
-    assert a != b and a.parent == b.parent == tmp_path / "kernels"
-    assert a == _build_dir(tmp_path, tmp_path / "checkout_a", "servelab_cpu_ops_x")
+def test_checkouts_with_the_same_sources_share_one_build_folder(tmp_path):
+    here = Path(kernels.__file__).parent
+    for name in SOURCES + HEADERS:
+        (tmp_path / "checkout_b").mkdir(exist_ok=True)
+        (tmp_path / "checkout_b" / name).write_bytes((here / name).read_bytes())
+    name = _build_name(here)
+    assert _build_name(tmp_path / "checkout_b") == name
+    assert _build_dir(tmp_path, name) == tmp_path / "kernels" / name
+    (tmp_path / "checkout_b" / "ops.h").write_bytes(b"// changed\n" + (here / "ops.h").read_bytes())
+    assert _build_name(tmp_path / "checkout_b") != name  # a header change is a new build
+
+
+def test_the_build_compiles_one_staged_copy_of_the_sources(tmp_path):
+    here = Path(kernels.__file__).parent
+    build_dir = tmp_path / "kernels" / "servelab_cpu_ops_x"
+    build_dir.mkdir(parents=True)
+    staged = _staged_sources(build_dir, here)
+    assert staged == build_dir / "src"
+    assert sorted(p.name for p in staged.iterdir()) == sorted(SOURCES + HEADERS)
+    assert all((staged / f).read_bytes() == (here / f).read_bytes() for f in SOURCES + HEADERS)
+    stamp = (staged / "ops.h").stat().st_mtime_ns
+    assert _staged_sources(build_dir, tmp_path / "elsewhere") == staged  # staged once; another checkout reuses it
+    assert (staged / "ops.h").stat().st_mtime_ns == stamp
+    assert [p.name for p in build_dir.iterdir()] == ["src"]  # no temporary folder left behind
 
 
 def test_only_an_old_lock_is_broken(tmp_path: Path):

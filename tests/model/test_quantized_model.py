@@ -20,11 +20,11 @@ def _tokens(llm: LLM) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def fp32_tokens(default_model_dir):
-    return _tokens(LLM(str(default_model_dir), dtype="float32"))
+    return _tokens(LLM(str(default_model_dir), dtype="float32", num_kv_blocks=256))
 
 
 def test_gguf_fp32_picks_the_dequantized_models_tokens(fp32_tokens):
-    llm = LLM(quantization="gguf", dtype="float32")
+    llm = LLM(quantization="gguf", dtype="float32", num_kv_blocks=256)
     assert _tokens(llm) == fp32_tokens
     from gguf import GGUFReader
 
@@ -39,18 +39,18 @@ def test_gguf_fp32_picks_the_dequantized_models_tokens(fp32_tokens):
 
 @pytest.mark.skipif(cpu_ops() is None, reason="the one-call decode step needs servelab's CPU ops")
 def test_gguf_bf16_decode_step_runs_the_blocks(default_model_dir):
-    llm = LLM(quantization="gguf", dtype="bfloat16")
+    llm = LLM(quantization="gguf", dtype="bfloat16", num_kv_blocks=256)
     model = llm.engine.executor.model
     assert model._decode_runner is not None
     # One sequence at a time: every decode step is DecodeRunner's, reading the Q4_1 / Q8_0 blocks.
     bf16_tokens = [out.outputs[0].token_ids for p in PROMPTS for out in llm.generate([p], GREEDY)]
-    reference = LLM(str(default_model_dir), dtype="bfloat16")
+    reference = LLM(str(default_model_dir), dtype="bfloat16", num_kv_blocks=256)
     assert bf16_tokens == [out.outputs[0].token_ids for p in PROMPTS for out in reference.generate([p], GREEDY)]
     assert llm.engine.executor.weight_bytes < reference.engine.executor.weight_bytes / 2.5
 
 
 def test_int8_stays_sensible(fp32_tokens, default_model_dir):
-    llm = LLM(str(default_model_dir), quantization="int8", dtype="float32")
+    llm = LLM(str(default_model_dir), quantization="int8", dtype="float32", num_kv_blocks=256)
     tokens = _tokens(llm)
     # Re-quantizing weights and activations to 8 bits moves logits (near-ties flip a few tokens in,
     # see bench perplexity): each answer's first token still agrees.
@@ -101,7 +101,7 @@ def test_int8_fused_layer_is_the_op_by_op_layer(default_model_dir, monkeypatch):
     op by op, bit for bit, over prefill and batched decode steps."""
     from servelab.model.llama import DecoderLayer
 
-    llm = LLM(str(default_model_dir), quantization="int8", dtype="bfloat16")
+    llm = LLM(str(default_model_dir), quantization="int8", dtype="bfloat16", num_kv_blocks=256)
     model = llm.engine.executor.model
     assert all(layer.is_w8a8 for layer in model.layers)
     params = SamplingParams(temperature=0, max_tokens=8, logprobs=2)
@@ -128,7 +128,7 @@ def test_int8_fused_layer_is_the_op_by_op_layer(default_model_dir, monkeypatch):
 def test_int8_greedy_steps_take_the_heads_argmax_without_logits(default_model_dir, monkeypatch):
     """Greedy requests without logprobs get their tokens from the W8A8 head's accumulators (no fp32 logits): the
     same tokens as sampling from the logits, over prefill and batched decode steps."""
-    llm = LLM(str(default_model_dir), quantization="int8", dtype="bfloat16")
+    llm = LLM(str(default_model_dir), quantization="int8", dtype="bfloat16", num_kv_blocks=256)
     model = llm.engine.executor.model
     greedy_tokens, calls = model.greedy_tokens, []
 

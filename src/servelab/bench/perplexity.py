@@ -17,11 +17,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from servelab.bench.results import DEFAULT_DIR
+
 TEXT = Path(__file__).parent / "data" / "declaration_of_independence.txt"
 # name -> (dtype, quantization, kv_cache_dtype)
 PRECISIONS = {"float32": ("float32", None, "auto"), "bfloat16": ("bfloat16", None, "auto"),
               "gguf": ("bfloat16", "gguf", "auto"), "int8": ("bfloat16", "int8", "auto"),
-              "bfloat16+kv-int8": ("bfloat16", None, "int8"), "int8+kv-int8": ("bfloat16", "int8", "int8")}
+              "bfloat16+kv-int8": ("bfloat16", None, "int8"), "int8+kv-int8": ("bfloat16", "int8", "int8"),
+              "default": ("auto", "auto", "auto")}  # no flags: what --quantization auto picks for the model
 # Each quantized precision must stay this close to bf16's perplexity.
 MAX_RELATIVE_GAP = 0.03
 
@@ -41,6 +44,7 @@ def add_parser(sub) -> None:
                    help="feed each chunk this many tokens per forward (default: the whole chunk in one); 4 or "
                         "fewer scores the paths decode steps take (GGUF matrices multiply 8-bit-rounded inputs)")
     p.add_argument("--name", default="perplexity")
+    p.add_argument("--result-dir", type=Path, default=DEFAULT_DIR, help="folder for the result files")
     p.set_defaults(func=run)
 
 
@@ -142,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     payload = {"text": str(args.text.name), "ctx": args.ctx, "step_tokens": args.step_tokens or args.ctx,
                "max_relative_gap": MAX_RELATIVE_GAP, "rows": rows,
                "within_gap": not failed, "command": "servelab " + " ".join(shlex.quote(a) for a in sys.argv[1:])}
-    json_path, _ = write_results(args.name, payload, table)
+    json_path, _ = write_results(args.name, payload, table, out_dir=args.result_dir)
     print(markdown_table(table))
     print(f"results: {json_path}")
     if failed:

@@ -1,4 +1,5 @@
-"""Write benchmark results as JSON + a markdown table under benchmarks/results/."""
+"""Write benchmark results as JSON + a markdown table, by default under ./bench-results/ (a benchmark topic of the
+repository passes its own folder, benchmarks/<topic>/, as --result-dir)."""
 from __future__ import annotations
 
 import json
@@ -6,7 +7,7 @@ import platform
 import time
 from pathlib import Path
 
-DEFAULT_DIR = Path("benchmarks/results")
+DEFAULT_DIR = Path("bench-results")
 
 
 def machine_info() -> dict:
@@ -35,3 +36,15 @@ def markdown_table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def run_topic_commands(commands: list[str], result_dir: Path, extra: list[str]) -> None:
+    """A benchmark topic's run.py: each `servelab ...` command (a string without the `servelab`), in a fresh
+    process, with --result-dir result_dir and the extra flags given to run.py."""
+    import shlex
+    import subprocess
+    import sys
+
+    for command in commands:
+        subprocess.run([sys.executable, "-m", "servelab.entrypoints.cli", *shlex.split(command),
+                        "--result-dir", str(result_dir), *extra], check=True)

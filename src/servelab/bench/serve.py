@@ -4,7 +4,7 @@ The workload (arrivals and lengths) is the lab's (lab/workload.py), so one seed 
 requests here and in `servelab lab simulate`. Metrics come from metrics/request_stats.py, the one
 definition shared with the server and the simulator. The result JSON carries vLLM's summary keys
 (`completed`, `failed`, `request_throughput`, `mean_ttft_ms`, ..., `request_goodput`) plus per-request
-lists; a markdown table and PNG plots go to benchmarks/results/<name>/.
+lists; a markdown table and PNG plots go to bench-results/<name>/ (--result-dir).
 """
 from __future__ import annotations
 
@@ -19,13 +19,14 @@ from collections import Counter
 from pathlib import Path
 
 from servelab.bench.datasets import BENCH_DATASETS, BenchRequest, build_requests, load_tokenizer
+from servelab.bench.results import DEFAULT_DIR
 from servelab.bench.loadgen import ENDPOINTS, ClientConfig, RequestResult, first_model_id, probe
 from servelab.trace_formats import add_trace_args, trace_fields
 from servelab.workload import WorkloadConfig
 from servelab.metrics.request_stats import RequestTiming, compute_metrics, meets_slos
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
-RESULTS_DIR = Path("benchmarks/results")
+RESULTS_DIR = DEFAULT_DIR
 
 
 def parse_goodput(items: list[str] | None) -> dict[str, float]:
@@ -73,7 +74,7 @@ def add_request_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--name", default=None, help="results go to benchmarks/results/<name>/")
+    p.add_argument("--name", default=None, help="results go to <result-dir>/<name>/")
     p.add_argument("--result-dir", type=Path, default=RESULTS_DIR)
     p.add_argument("--result-file", type=Path, default=None, help="also write the result JSON here")
 

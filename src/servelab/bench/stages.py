@@ -156,7 +156,7 @@ def run_hf(args: argparse.Namespace, requests, tokenizer) -> dict:
     import torch
     from tqdm import tqdm
 
-    from servelab.bench.hf_baseline import run_hf_static
+    from servelab.bench.offline.hf_baseline import run_hf_static
     from servelab.model.loader import resolve_model_path
 
     prompts = [r.prompt if isinstance(r.prompt, list) else tokenizer.encode(r.prompt, add_special_tokens=False)

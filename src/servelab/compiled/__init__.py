@@ -12,7 +12,7 @@ before any of MODULES, whatever the process imports first) and reported by `serv
 A build is current when every listed source still has the hash it was compiled from (the modules are compiled
 as one group, so one edited file turns the whole group off) and the interpreter is the one it was built for.
 Then install() puts a finder in front of Python's own that loads those extension modules instead of the .py
-files. Both give the same numbers (tests/lab/test_compiled.py).
+files. Both give the same numbers (tests/compiled/test_compiled.py).
 """
 from __future__ import annotations
 

@@ -210,6 +210,33 @@ class BlockManager:
         self._num_table_blocks += len(new_ids)
         return new_ids
 
+    def free_excess_slots(self, request_id: str, num_tokens: int) -> list[int]:
+        """Shrink the request's paged table to the blocks num_tokens tokens fill (the slots of rejected
+        speculative tokens); returns the blocks it gave back, which go to the back of the free list. Those
+        blocks hold no computed token, so none is cached or shared. A contiguous reservation keeps its blocks."""
+        old = self._num_tokens.get(request_id, 0)
+        if num_tokens < old:
+            self._num_tokens[request_id] = num_tokens
+            self._num_tokens_total -= old - num_tokens
+        table = self.block_tables[request_id]
+        keep = -(-num_tokens // self.block_size)
+        if keep >= len(table) or request_id in self._contiguous:
+            return []
+        released = table[keep:]
+        del table[keep:]
+        refs = self._ref_counts
+        for block_id in released:
+            if refs.get(block_id) != 1:
+                raise RuntimeError(f"block {block_id} of request {request_id} is shared or free: it cannot be rolled back")
+            del refs[block_id]
+        if self._in_use is not None:
+            for block_id in released:
+                self._in_use[block_id] = 0
+        self._free_block_ids.extend(released)
+        self.num_free_blocks += len(released)
+        self._num_table_blocks -= len(released)
+        return released
+
     # ---- contiguous reservation (stages 1 and 2)
     def reserve_contiguous(self, request_id: str, num_tokens: int) -> list[int] | None:
         """Reserve one run of consecutive block ids for the request's whole lifetime (first fit),

@@ -139,7 +139,7 @@ class EngineCore:
                 request.status = RequestStatus.FINISHED_ABORTED
                 request.times.finished = self.clock.now()
                 grammars.remove(request.request_id)
-                outputs.append(request.output(None))
+                outputs.append(request.output([]))
             else:
                 self.scheduler.add_request(request)
         self.grammar_waiting = waiting
@@ -164,13 +164,13 @@ class EngineCore:
                     if request is not None:
                         request.status = status
                         request.times.finished = now
-                        outputs.append(request.output(None))
+                        outputs.append(request.output([]))
                         continue
             if request is None or request.finished:
                 continue
             request.times.finished = now
             self.scheduler.finish_request(request, status)
-            outputs.append(request.output(None))
+            outputs.append(request.output([]))
         return outputs
 
     def _take_grammar_waiting(self, request_id: str) -> Request | None:
@@ -210,7 +210,7 @@ class EngineCore:
             if request is not None and not request.finished:
                 request.times.finished = end
                 self.scheduler.finish_request(request, RequestStatus.FINISHED_STOPPED)
-        outputs = failed + [r.output(result.sampled.get(r.request_id)) for r in updated]
+        outputs = failed + [r.output(new_tokens) for r, new_tokens in updated]
         return StepOutputs(outputs, self._emit(self._stats(plan, result, start, end)))
 
     def step_with_decode_runs(self, horizon: float = math.inf) -> StepOutputs:
@@ -248,7 +248,7 @@ class EngineCore:
         finished = planner.advance(run, executor.run_token_id, ends)
         end = ends[-1]
         clock.advance_to(end)
-        outputs = [r.output(None) for r in finished] if finished else []
+        outputs = [r.output([]) for r in finished] if finished else []
         batch_size = run.batch_size
         if result is None:
             breakdown, plan_tokens, plan_decode = {}, 0, 0
@@ -259,7 +259,7 @@ class EngineCore:
         else:
             assert plan is not None  # result is set only for a plan's step
             updated = scheduler.update_from_output(plan, result, end)
-            outputs += [r.output(result.sampled.get(r.request_id)) for r in updated]
+            outputs += [r.output(new_tokens) for r, new_tokens in updated]
             breakdown, segments, batch_tokens = result.breakdown, [], batch_size
             plan_tokens, plan_decode = _plan_counts(plan)
         stats = StepStats(
@@ -300,12 +300,12 @@ class EngineCore:
 
 
 def _plan_counts(plan: StepPlan) -> tuple[int, int]:
-    """(tokens scheduled, requests decoding one token)."""
+    """(tokens scheduled, requests decoding: one token, or one and the drafts it verifies)."""
     num_tokens = num_decode = 0
     for s in plan.scheduled:
         num_new = len(s.token_ids)
         num_tokens += num_new
-        if num_new == 1 and s.num_computed_tokens > 0:
+        if num_new - s.num_spec_tokens == 1 and s.num_computed_tokens > 0:
             num_decode += 1
     return num_tokens, num_decode
 

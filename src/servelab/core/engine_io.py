@@ -67,7 +67,7 @@ class EngineCoreTimes:
 @dataclass(slots=True)
 class EngineCoreOutput:
     request_id: str
-    new_token: SampledToken | None
+    new_tokens: list[SampledToken]  # this step's: usually one; several when speculative drafts were accepted
     finish_reason: str | None  # None while running; "stop" | "length" | "abort"
     times: EngineCoreTimes
 

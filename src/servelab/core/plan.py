@@ -18,6 +18,9 @@ class ScheduledRequest:
     the logits of the last token are sampled to give the request's next output token.
     prompt_token_ids / output_token_ids are set only when the executor has not seen the request
     before (first schedule, or rescheduled after preemption) so it can build its penalty state.
+    num_spec_tokens (speculative decoding): the last num_spec_tokens of token_ids are draft tokens (the
+    first is the request's last sampled token); the executor samples after each of the 1 + num_spec_tokens
+    positions and keeps the drafts its samples agree with (StepResult.spec_sampled).
     """
 
     request_id: str
@@ -28,6 +31,7 @@ class ScheduledRequest:
     sampling_params: SamplingParams
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] | None = None
+    num_spec_tokens: int = 0
 
     @property
     def num_new_tokens(self) -> int:
@@ -82,6 +86,9 @@ class StepResult:
     duration: float = 0.0
     # Cost-model components (weights, attention, communication, overhead), seconds.
     breakdown: dict[str, float] = field(default_factory=dict)
+    # Requests that verified drafts (num_spec_tokens > 0), instead of an entry in sampled: the drafts the
+    # samples agreed with, then the sample after the last of them (1 to 1 + num_spec_tokens tokens).
+    spec_sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

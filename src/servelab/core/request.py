@@ -94,11 +94,12 @@ class Request:
     def finished(self) -> bool:
         return self.status in _FINISHED  # RequestStatus.finished without its property calls (hot in the lab)
 
-    def output(self, new_token: SampledToken | None) -> EngineCoreOutput:
-        """This request's state as a value leaving the core, with the token it got this step (if any)."""
+    def output(self, new_tokens: list[SampledToken]) -> EngineCoreOutput:
+        """This request's state as a value leaving the core, with the tokens it got this step (none, one,
+        or several when speculative drafts were accepted)."""
         times, status = self.times, self.status
         # _value_: RequestStatus.value without the enum property's call
-        return EngineCoreOutput(self.request_id, new_token, status._value_ if status in _FINISHED else None,
+        return EngineCoreOutput(self.request_id, new_tokens, status._value_ if status in _FINISHED else None,
                                 EngineCoreTimes(times.arrival, times.first_scheduled, times.first_token,
                                                 times.token_times[-1] if times.token_times else None, times.finished,
                                                 self.num_preemptions))

@@ -3,6 +3,10 @@
 One rule for every stage: each request has num_tokens and num_computed_tokens, and each step hands
 out a token budget so computed catches up with total. A prefill chunk, a decode step, recompute
 after preemption and a request admitted with its KV already present are all this rule.
+Speculative decoding is too: with a proposer, a decoding greedy request is given 1 + len(drafts) tokens
+(its last sampled token and the proposer's drafts, within the budget and its max_tokens); after the step,
+num_computed_tokens counts only the drafts the executor accepted, and the blocks that held nothing but
+rejected drafts go back to the pool.
 Stages differ only in admission and KV allocation (see SchedulerConfig.policy). With prefix caching
 (stages 3+), a request starts at num_computed_tokens = the tokens of its longest cached prefix, and
 every full block it computes is cached for the requests after it.
@@ -20,14 +24,22 @@ from typing import Iterable
 from servelab.config import SchedulerConfig
 from servelab.core.block_hash import cache_computed_blocks, request_block_hashes
 from servelab.core.block_manager import BlockManager
-from servelab.core.plan import ScheduledRequest, StepPlan, StepResult
+from servelab.core.plan import SampledToken, ScheduledRequest, StepPlan, StepResult
 from servelab.core.request import Request, RequestStatus
+from servelab.core.spec_decode import Proposer
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, proposer: Proposer | None = None) -> None:
         self.config = config
         self.block_manager = block_manager
+        self.proposer = proposer
+        # vLLM's speculative-decoding counters: requests that verified drafts (once per step), draft tokens,
+        # accepted drafts, and accepted drafts by their position in the draft.
+        self.spec_num_drafts_total = 0
+        self.spec_num_draft_tokens_total = 0
+        self.spec_num_accepted_tokens_total = 0
+        self.spec_num_accepted_tokens_per_pos = [0] * (proposer.num_speculative_tokens if proposer else 0)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -83,6 +95,8 @@ class Scheduler:
         else:
             self.block_manager.free(request.request_id)
         self.requests.pop(request.request_id, None)
+        if self.proposer is not None:
+            self.proposer.drop(request.request_id)
         if request.request_id in self._known_to_executor:
             self._known_to_executor.discard(request.request_id)
             self._finished_ids.append(request.request_id)
@@ -188,13 +202,28 @@ class Scheduler:
             num_new = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
             if num_new > budget:
                 num_new = budget
-            if (allocate is not None and allocate(request.request_id, computed + num_new) is None
+            drafts = self._drafts(request, budget) if num_new == 1 and self.proposer is not None else None
+            if drafts and allocate is not None and allocate(request.request_id, computed + 1 + len(drafts)) is None:
+                drafts = None  # no room for them: decode one token
+            if drafts:
+                num_new += len(drafts)
+            elif (allocate is not None and allocate(request.request_id, computed + num_new) is None
                     and not self._preempt_until_allocated(request, num_new, plan)):
                 break
-            self._add_to_plan(plan, request, num_new, now)
+            self._add_to_plan(plan, request, num_new, now, drafts)
             budget -= num_new
             index += 1
         return budget
+
+    def _drafts(self, request: Request, budget: int) -> list[int] | None:
+        """The proposer's drafts for a request about to compute its last sampled token: greedy requests
+        only (sampled ones would need rejection sampling), at most budget - 1 of them, and no more than
+        its max_tokens leave room for (all accepted, a step gives 1 + len(drafts) tokens)."""
+        output, params = request.output_token_ids, request.sampling_params
+        if not output or not params.greedy or params.structured_outputs is not None:  # a grammar: one token at a time
+            return None
+        room = min(budget - 1, request.max_tokens - len(output) - 1)
+        return self.proposer.propose(request, room) if room > 0 else None  # type: ignore[union-attr]
 
     def _preempt_until_allocated(self, request: Request, num_new: int, plan: StepPlan) -> bool:
         """Make room for request's next num_new tokens, preempting from the back of the running
@@ -264,7 +293,8 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
 
-    def _add_to_plan(self, plan: StepPlan, request: Request, num_new: int, now: float) -> None:
+    def _add_to_plan(self, plan: StepPlan, request: Request, num_new: int, now: float,
+                     drafts: list[int] | None = None) -> None:
         request_id = request.request_id
         start = request.num_computed_tokens
         end = start + num_new
@@ -274,7 +304,12 @@ class Scheduler:
         if request.times.first_scheduled is None:
             request.times.first_scheduled = now
         num_prompt = len(request.prompt_token_ids)
-        if start >= num_prompt:
+        num_spec = 0
+        if drafts:
+            num_spec = len(drafts)
+            end -= num_spec
+            token_ids = [request.output_token_ids[-1], *drafts]
+        elif start >= num_prompt:
             token_ids = request.output_token_ids[start - num_prompt:end - num_prompt]
         elif start == 0 and end == num_prompt:  # the whole prompt: no copy (nobody writes a plan's token ids)
             token_ids = request.prompt_token_ids
@@ -284,13 +319,15 @@ class Scheduler:
             request_id, token_ids, start, self.block_manager.block_tables[request_id],
             end == num_prompt + len(request.output_token_ids), request.sampling_params,
             request.prompt_token_ids if new_to_executor else None,
-            list(request.output_token_ids) if new_to_executor else None,
+            list(request.output_token_ids) if new_to_executor else None, num_spec,
         ))
 
     # ---- after the step
-    def update_from_output(self, plan: StepPlan, result: StepResult, now: float) -> list[Request]:
+    def update_from_output(self, plan: StepPlan, result: StepResult,
+                           now: float) -> list[tuple[Request, list[SampledToken]]]:
         """Advance progress, append sampled tokens, retire finished requests. Returns the requests
-        that got a token or finished this step."""
+        that got tokens this step, each with them (several when drafts were accepted: up to the one
+        that finished it)."""
         updated = []
         requests = self.requests
         sampled_tokens = result.sampled
@@ -302,24 +339,48 @@ class Scheduler:
             if request is None:  # aborted while the step ran
                 continue
             request.num_computed_tokens += len(scheduled.token_ids)
+            if scheduled.num_spec_tokens:
+                new_tokens = result.spec_sampled[request.request_id]
+                self._roll_back_rejected(request, scheduled.num_spec_tokens, len(new_tokens) - 1)
             if record_tokens is not None:
                 record_tokens(request.request_id, request.num_computed_tokens)
             if caching and request.cache_prefix:
                 cache_computed_blocks(bm, request)
-            sampled = sampled_tokens.get(request.request_id) if scheduled.sample else None
-            if sampled is None:
-                continue
-            request.output_token_ids.append(sampled.token_id)
+            if not scheduled.num_spec_tokens:
+                sampled = sampled_tokens.get(request.request_id) if scheduled.sample else None
+                if sampled is None:
+                    continue
+                new_tokens = [sampled]
             times = request.times
             if times.first_token is None:
                 times.first_token = now
-            times.token_times.append(now)
-            status = self._stop_status(request, sampled.token_id)
-            if status is not None:
-                times.finished = now
-                self.finish_request(request, status)
-            updated.append(request)
+            for count, token in enumerate(new_tokens, 1):
+                request.output_token_ids.append(token.token_id)
+                times.token_times.append(now)
+                status = self._stop_status(request, token.token_id)
+                if status is not None:
+                    times.finished = now
+                    self.finish_request(request, status)
+                    new_tokens = new_tokens[:count]
+                    break
+            updated.append((request, new_tokens))
         return updated
+
+    def _roll_back_rejected(self, request: Request, num_spec: int, num_accepted: int) -> None:
+        """Count a verified draft, and forget the KV of its rejected tokens: they are no longer computed,
+        and blocks that held only them go back to the pool (their slots are written again next step)."""
+        self.spec_num_drafts_total += 1
+        self.spec_num_draft_tokens_total += num_spec
+        self.spec_num_accepted_tokens_total += num_accepted
+        per_pos = self.spec_num_accepted_tokens_per_pos
+        if len(per_pos) < num_spec:
+            per_pos += [0] * (num_spec - len(per_pos))
+        for pos in range(num_accepted):
+            per_pos[pos] += 1
+        if num_accepted < num_spec:
+            request.num_computed_tokens -= num_spec - num_accepted
+            if not self.contiguous:
+                self.block_manager.free_excess_slots(request.request_id, request.num_computed_tokens)
 
     @staticmethod
     def _stop_status(request: Request, token_id: int) -> RequestStatus | None:

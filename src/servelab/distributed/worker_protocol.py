@@ -2,7 +2,7 @@
 pickled once by the sender."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from servelab.config import CacheConfig
@@ -55,6 +55,7 @@ class ExecuteStep:
 class StepDone:
     """The first rank's answer to ExecuteStep; the other ranks send nothing unless they fail."""
     sampled: dict[str, SampledToken]
+    spec_sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -192,12 +192,12 @@ class EngineLoop:
                 continue
             request_id, index = entry
             timing = self._requests[request_id]
-            if output.new_token is not None:
+            if output.new_tokens:  # several when speculative drafts were accepted
                 times = timing.token_times[index]
                 if not times:
                     num_prompt += timing.num_prompt_tokens
-                times.append(now)
-                num_generated += 1
+                times.extend([now] * len(output.new_tokens))
+                num_generated += len(output.new_tokens)
             if timing.first_scheduled is None:
                 timing.first_scheduled = output.times.first_scheduled
             out.outputs.append(RequestDelta.of(output))

@@ -98,12 +98,12 @@ class RequestDelta(msgspec.Struct, array_like=True):
 
     @classmethod
     def of(cls, out: EngineCoreOutput) -> "RequestDelta":
-        token = out.new_token
-        if token is None:
+        tokens = out.new_tokens  # several when speculative drafts were accepted
+        if not tokens:
             return cls(out.request_id, [], None, out.finish_reason, out.times)
-        logprobs = None if token.logprob is None else [TokenLogprob(token.token_id, token.logprob,
-                                                                    token.top_logprobs or [])]
-        return cls(out.request_id, [token.token_id], logprobs, out.finish_reason, out.times)
+        logprobs = None if tokens[0].logprob is None else [
+            TokenLogprob(t.token_id, t.logprob, t.top_logprobs or []) for t in tokens]  # type: ignore[arg-type]
+        return cls(out.request_id, [t.token_id for t in tokens], logprobs, out.finish_reason, out.times)
 
     def add(self, newer: "RequestDelta") -> None:
         self.new_token_ids.extend(newer.new_token_ids)

@@ -25,6 +25,7 @@ from servelab.core.engine_core import EngineCore, StepStats
 from servelab.core.engine_io import EngineCoreOutput, EngineCoreRequest, EngineLimits
 from servelab.core.request import Request, RequestStatus
 from servelab.core.scheduler import Scheduler
+from servelab.core.spec_decode.ngram import NgramProposer
 from servelab.engine.core_protocol import RequestDelta
 from servelab.engine.input_processor import InputProcessor, child_requests
 from servelab.engine.kv_handoff import KVEvents, KVHandoff
@@ -52,7 +53,8 @@ class LLMEngine:
         self.executor = executor
         self._block_manager = BlockManager(executor.num_blocks, config.cache.block_size, enable_caching=(
             config.cache.enable_prefix_caching and not config.scheduler.contiguous))
-        self._scheduler = Scheduler(config.scheduler, self._block_manager)
+        proposer = NgramProposer(config.speculative) if config.speculative is not None else None
+        self._scheduler = Scheduler(config.scheduler, self._block_manager, proposer)
         self.eos_token_ids = tuple(sorted(set(tokenizer.eos_token_ids) | set(config.model.eos_token_ids)))
         self.grammars = StructuredOutputManager(
             lambda: ll_tokenizer(tokenizer.to_json(), config.model.vocab_size, self.eos_token_ids),
@@ -87,7 +89,7 @@ class LLMEngine:
         # EngineConfig checks the tensor-parallel size against the model's heads before any process starts.
         config = EngineConfig(model=model_config, cache=cache, scheduler=sched, parallel=args.parallel_config(),
                               dtype=str(dtype).removeprefix("torch."), kv_transfer=args.kv_transfer_config,
-                              quantization=choice.quantization)
+                              quantization=choice.quantization, speculative=args.speculative())
         tokenizer = Tokenizer.from_pretrained(folder)
         if config.parallel.tensor_parallel_size == 1:
             gguf_path = gguf_file(args.model) if args.quantization == "gguf" else None
@@ -160,7 +162,7 @@ class LLMEngine:
         if awaited is not None:  # its KV is still on the wire: the staging tensor is dropped when it lands
             awaited.status = RequestStatus.FINISHED_ABORTED
             awaited.times.finished = time.perf_counter()
-            return self._retire([awaited.output(None)])
+            return self._retire([awaited.output([])])
         return self._retire(self.core.abort_requests(self._samples.get(request_id, [])))
 
     def stop_core_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
@@ -184,7 +186,7 @@ class LLMEngine:
     def poll_kv(self) -> KVEvents:
         """What the KV hand-off finished (see KVHandoff.poll); requests whose KV failed are forgotten here."""
         events = self.kv_handoff.poll()
-        self._retire([request.output(None) for request, _ in events.failed])
+        self._retire([request.output([]) for request, _ in events.failed])
         return events
 
     def has_unfinished_requests(self) -> bool:
@@ -199,7 +201,9 @@ class LLMEngine:
         return EngineState(scheduler.num_running, scheduler.num_waiting, blocks.usage, blocks.num_blocks,
                            blocks.num_free_blocks, blocks.block_size, blocks.num_reserved_unused_slots(),
                            scheduler.max_num_seqs, scheduler.num_preemptions_total,
-                           scheduler.prefix_cache_queries_total, scheduler.prefix_cache_hits_total)
+                           scheduler.prefix_cache_queries_total, scheduler.prefix_cache_hits_total,
+                           scheduler.spec_num_drafts_total, scheduler.spec_num_draft_tokens_total,
+                           scheduler.spec_num_accepted_tokens_total, tuple(scheduler.spec_num_accepted_tokens_per_pos))
 
     def check_invariants(self) -> None:
         """Raises AssertionError when the KV cache's bookkeeping is inconsistent (every block free or

@@ -30,9 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     from servelab.entrypoints.serve import add_serve_parser
     add_serve_parser(sub)
 
-    bench = sub.add_parser("bench", help="benchmarks (results under benchmarks/results/)")
+    bench = sub.add_parser("bench", help="benchmarks (results under ./bench-results/ unless --result-dir)")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
-    from servelab.bench import latency, perplexity, throughput
+    from servelab.bench import perplexity
+    from servelab.bench.offline import latency, throughput
     throughput.add_parser(bench_sub)
     latency.add_parser(bench_sub)
     perplexity.add_parser(bench_sub)

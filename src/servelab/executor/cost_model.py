@@ -62,7 +62,7 @@ class CostModel:
         # FlashAttention-3's fp8 path runs QK^T and PV in fp8 when the KV cache is fp8 (Shah et al. 2024)
         self.attention_flops = device.gemm_flops(kv) * efficiency.attention
         # no kernel streams faster than a STREAM-like copy (the GPU's memory_ceiling)
-        ceiling = device.memory_ceiling
+        ceiling = device.memory_ceiling or float("inf")
         self.bandwidth = device.memory_bandwidth * min(efficiency.memory, ceiling)
         self.kv_bandwidth = device.memory_bandwidth * min(efficiency.kv_memory, ceiling)
         self.matmul_half_tokens = matmul_half_tokens(efficiency, device)
@@ -157,12 +157,14 @@ class CostModel:
         one_all_reduce = e.allreduce_latency_s + 2 * (tp - 1) * num_tokens * self.hidden_bytes_per_token / tp / link
         return self.num_layers * 2 * one_all_reduce
 
-    def overhead_time(self, num_requests: int, num_tokens: int) -> float:
+    def overhead_time(self, num_requests: int, num_tokens: int, num_spec_tokens: int = 0) -> float:
+        """A step of decodes only, each with its speculative drafts (num_spec_tokens over the step), replays a
+        CUDA graph: vLLM V1 captures uniform decode batches of 1 + K query tokens too."""
         e = self.efficiency
         cpu = e.step_overhead_s + e.request_overhead_s * num_requests
         if e.token_overhead_s:
             cpu += e.token_overhead_s * num_tokens
-        decode_only = num_tokens == num_requests
+        decode_only = num_tokens - num_spec_tokens == num_requests
         if decode_only and self.num_scheduler_steps > 1:  # one scheduling pass plans that many decode steps
             cpu /= self.num_scheduler_steps
         if e.layer_launch_overhead_s and not (
@@ -171,12 +173,13 @@ class CostModel:
         return cpu if e.overhead_curve is None else cpu + e.overhead_curve(num_requests)
 
     def step_time(self, num_tokens: int, num_sampled: int, num_requests: int, num_pairs: Any,
-                  num_kv_tokens: Any, num_arrivals: int = 0) -> dict[str, float]:
+                  num_kv_tokens: Any, num_arrivals: int = 0, num_spec_tokens: int = 0) -> dict[str, float]:
         parts = {
             "weights": self.weights_time(num_tokens, num_sampled),
             "attention": self.attention_time(num_pairs, num_kv_tokens, num_tokens),
             "communication": self.communication_time(num_tokens),
-            "overhead": self.overhead_time(num_requests, num_tokens) + num_arrivals * self.efficiency.arrival_overhead_s,
+            "overhead": (self.overhead_time(num_requests, num_tokens, num_spec_tokens)
+                         + num_arrivals * self.efficiency.arrival_overhead_s),
         }
         parts["total"] = parts["weights"] + parts["attention"] + parts["communication"] + parts["overhead"]
         return parts
@@ -184,7 +187,8 @@ class CostModel:
     def price(self, totals: StepTotals) -> dict[str, float]:
         """step_time() of a StepPlan's totals (plan_totals)."""
         t = totals
-        return self.step_time(t.num_tokens, t.num_sampled, t.num_requests, t.num_pairs, t.num_kv_tokens, t.num_arrivals)
+        return self.step_time(t.num_tokens, t.num_sampled, t.num_requests, t.num_pairs, t.num_kv_tokens, t.num_arrivals,
+                              t.num_spec_tokens)
 
     def decode_step_times(self, batch_size: int, context_len_sum: int, num_steps: int,
                           within: float = float("inf")) -> list[float]:
@@ -254,6 +258,7 @@ class StepTotals:
     num_pairs: int  # (query, key) pairs scored
     num_kv_tokens: int  # KV entries read plus written
     num_arrivals: int
+    num_spec_tokens: int = 0  # speculative draft tokens verified (in num_tokens too)
 
 
 def _max(a: float, b: float) -> float:
@@ -283,9 +288,9 @@ def plan_totals(plan: StepPlan) -> StepTotals:
     return StepTotals(*_plan_sums(plan))
 
 
-def _plan_sums(plan: StepPlan) -> tuple[int, int, int, int, int, int]:
+def _plan_sums(plan: StepPlan) -> tuple[int, int, int, int, int, int, int]:
     """StepTotals' fields, in order (a tuple: no object to build at every priced step)."""
-    num_tokens = num_sampled = num_pairs = num_kv_tokens = num_arrivals = 0
+    num_tokens = num_sampled = num_pairs = num_kv_tokens = num_arrivals = num_spec_tokens = 0
     for s in plan.scheduled:
         n = len(s.token_ids)
         computed = s.num_computed_tokens
@@ -294,10 +299,11 @@ def _plan_sums(plan: StepPlan) -> tuple[int, int, int, int, int, int]:
         # new tokens at positions context-n+1 .. context attend causally
         num_pairs += n * context - n * (n - 1) // 2
         num_kv_tokens += context + n
-        if s.sample:
-            num_sampled += 1
+        if s.sample:  # speculative drafts: the LM head runs after the last sampled token and after each draft
+            num_sampled += 1 + s.num_spec_tokens
+            num_spec_tokens += s.num_spec_tokens
         # starts from its first token: a new request (or one preempted by recompute, which pays again;
         # preemption is rare enough not to matter)
         if computed == 0 and s.prompt_token_ids is not None:
             num_arrivals += 1
-    return num_tokens, num_sampled, len(plan.scheduled), num_pairs, num_kv_tokens, num_arrivals
+    return num_tokens, num_sampled, len(plan.scheduled), num_pairs, num_kv_tokens, num_arrivals, num_spec_tokens

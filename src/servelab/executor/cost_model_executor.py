@@ -1,8 +1,10 @@
 """CostModelExecutor: the lab's executor. It takes the same StepPlan as the model executor and returns a StepResult
 whose duration the cost model (executor/cost_model.py) prices instead of running a model. It samples a dummy token
-that never stops a request, so outputs run to max_tokens (like ignore_eos)."""
+that never stops a request, so outputs run to max_tokens (like ignore_eos). A request verifying speculative drafts
+keeps each with probability spec_acceptance_rate, up to the first it rejects (a seeded draw per draft)."""
 from __future__ import annotations
 
+import random
 from bisect import bisect_left
 
 from servelab.core.plan import DecodeRunPlan, SampledToken, StepPlan, StepResult
@@ -21,9 +23,12 @@ class CostModelExecutor:
     TABULATED_STEPS = 8192
     run_token_id = DUMMY_TOKEN_ID  # what every step of a decode run samples
 
-    def __init__(self, cost_model: CostModel) -> None:
+    def __init__(self, cost_model: CostModel, spec_acceptance_rate: float | None = None, seed: int = 0) -> None:
+        """spec_acceptance_rate: set when the scheduler drafts (speculative decoding), None when it never does."""
         self.cost_model = cost_model
         self._token = SampledToken(DUMMY_TOKEN_ID)
+        self.spec_acceptance_rate = spec_acceptance_rate
+        self._random = random.Random(seed)
         # (batch size, residue) -> the decode steps' durations when the contexts sum to residue,
         # residue + batch size, residue + 2 * batch size, ...
         self._decode_tables: dict[tuple[int, int], list[float]] = {}
@@ -34,10 +39,26 @@ class CostModelExecutor:
             parts = self.cost_model.received_step_time(len(scheduled))
         else:
             parts = self.cost_model.price(plan_totals(plan))
-        return StepResult(sampled=self._sampled(plan), duration=parts.pop("total"), breakdown=parts)
+        if self.spec_acceptance_rate is None:
+            return StepResult(sampled=self._sampled(plan), duration=parts.pop("total"), breakdown=parts)
+        return StepResult(sampled={s.request_id: self._token for s in plan.scheduled if s.sample and not s.num_spec_tokens},
+                          duration=parts.pop("total"), breakdown=parts, spec_sampled=self._spec_sampled(plan))
 
     def _sampled(self, plan: StepPlan) -> dict[str, SampledToken]:
         return {s.request_id: self._token for s in plan.scheduled if s.sample}
+
+    def _spec_sampled(self, plan: StepPlan) -> dict[str, list[SampledToken]]:
+        """Each verifying request's drafts, kept with probability spec_acceptance_rate each up to the first one
+        rejected, and the sample after them (placeholder tokens)."""
+        spec_sampled = {}
+        rate = self.spec_acceptance_rate
+        for s in plan.scheduled:
+            if s.num_spec_tokens:
+                num_accepted = 0
+                while num_accepted < s.num_spec_tokens and self._random.random() < rate:  # type: ignore[operator]
+                    num_accepted += 1
+                spec_sampled[s.request_id] = [self._token] * (1 + num_accepted)
+        return spec_sampled
 
     def price_decode_run(self, run: DecodeRunPlan, within: float = float("inf")) -> tuple[list[float], list[tuple[int, int]]]:
         """Durations of the steps of a multi-step decode run (DecodeRunPlanner.plan), each priced as
@@ -93,7 +114,7 @@ class CostModelExecutor:
         """One step of a one-step decode run plus the requests its plan admits, priced as execute()
         prices the whole StepPlan single steps would make; sampled tokens for the plan's requests."""
         batch_size, context_sum = run.batch_size, run.context_len_sum
-        num_tokens, num_sampled, num_requests, num_pairs, num_kv_tokens, num_arrivals = _plan_sums(plan)
+        num_tokens, num_sampled, num_requests, num_pairs, num_kv_tokens, num_arrivals, _ = _plan_sums(plan)  # no drafts in a run
         parts = self.cost_model.step_time(batch_size + num_tokens, batch_size + num_sampled,
                                           batch_size + num_requests, context_sum + num_pairs,
                                           context_sum + batch_size + num_kv_tokens, num_arrivals)

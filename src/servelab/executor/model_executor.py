@@ -199,20 +199,35 @@ class ModelExecutor:
         input_ids, positions, meta = self._prepare(decodes, prefills)
         with torch.inference_mode():
             hidden = self.model(input_ids, positions, self.kv_caches, meta)
-            last_rows, sampled_reqs, row = [], [], 0
+            sample_rows, sampled_reqs, rows, row = [], [], [], 0
             for s in ordered:
                 row += s.num_new_tokens
                 if s.sample:
-                    last_rows.append(row - 1)
                     sampled_reqs.append(s)
-            sampled = {}
-            rows = [self._rows[s.request_id] for s in sampled_reqs]
+                    row_state = self._rows[s.request_id]
+                    if s.num_spec_tokens:  # one sample after the last sampled token and after each draft
+                        sample_rows += range(row - 1 - s.num_spec_tokens, row)
+                        rows += _draft_rows(row_state, s.token_ids[1:])
+                    else:
+                        sample_rows.append(row - 1)
+                        rows.append(row_state)
             bitmask = _grammar_rows(plan, sampled_reqs)
-            for s, row_state, token in zip(sampled_reqs, rows,
-                                           self._sample(hidden[last_rows], rows, bitmask) if rows else ()):
-                row_state.output_token_ids.append(token.token_id)
-                sampled[s.request_id] = token
-        return StepResult(sampled=sampled, duration=time.perf_counter() - start)
+            if bitmask is not None and len(rows) > len(sampled_reqs):  # a grammar row for each draft's sample too
+                bitmask = bitmask.repeat_interleave(torch.tensor([1 + s.num_spec_tokens for s in sampled_reqs]), dim=0)
+            tokens = self._sample(hidden[sample_rows], rows, bitmask) if rows else []
+        sampled, spec_sampled, index = {}, {}, 0
+        for s in sampled_reqs if tokens else ():  # no tokens on a rank that gets no logits back
+            output_token_ids = self._rows[s.request_id].output_token_ids
+            if s.num_spec_tokens:
+                accepted = _verify_greedy(s.token_ids[1:], tokens[index:index + 1 + s.num_spec_tokens])
+                index += 1 + s.num_spec_tokens
+                output_token_ids += [t.token_id for t in accepted]
+                spec_sampled[s.request_id] = accepted
+            else:
+                output_token_ids.append(tokens[index].token_id)
+                sampled[s.request_id] = tokens[index]
+                index += 1
+        return StepResult(sampled=sampled, duration=time.perf_counter() - start, spec_sampled=spec_sampled)
 
     def _sample(self, hidden: torch.Tensor, rows: list[SamplingRow],
                 grammar_bitmask: torch.Tensor | None = None) -> list[SampledToken]:
@@ -280,6 +295,24 @@ class ModelExecutor:
             input_ids, positions, slot_mapping = (torch.cat(x) for x in (id_parts, pos_parts, slot_parts))
         meta = AttentionMetadata(slot_mapping, len(decodes), decode_tables, decode_mask, decode_lens, chunks)
         return input_ids, positions, meta
+
+
+def _draft_rows(row: SamplingRow, drafts: list[int]) -> list[SamplingRow]:
+    """The sampling state at the last sampled token and after each draft: what the model has seen so far
+    differs only for penalties (the drafts count as output once verified)."""
+    if not row.params.needs_penalties:
+        return [row] * (1 + len(drafts))
+    return [row] + [SamplingRow(row.params, row.prompt_token_ids, row.output_token_ids + drafts[:j])
+                    for j in range(1, len(drafts) + 1)]
+
+
+def _verify_greedy(drafts: list[int], samples: list[SampledToken]) -> list[SampledToken]:
+    """The drafts the samples agree with, then the first sample that differs (or the one after the last
+    draft): greedy verification, whose output is the tokens decoding one at a time would give."""
+    for j, draft in enumerate(drafts):
+        if samples[j].token_id != draft:
+            return samples[:j + 1]
+    return samples
 
 
 def _grammar_rows(plan: StepPlan, sampled: list[ScheduledRequest]) -> torch.Tensor | None:

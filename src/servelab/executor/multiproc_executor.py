@@ -229,7 +229,7 @@ class MultiprocExecutor:
         if not isinstance(done, StepDone):
             self._stop(graceful=False)
             raise WorkerError(f"tensor-parallel worker rank 0 answered a step with {type(done).__name__}")
-        return StepResult(sampled=done.sampled, duration=time.perf_counter() - start)
+        return StepResult(sampled=done.sampled, duration=time.perf_counter() - start, spec_sampled=done.spec_sampled)
 
     def shutdown(self) -> None:
         self._stop(graceful=True)

@@ -80,7 +80,7 @@ def _serve(spec: WorkerSpec, conn: Connection) -> None:
             raise TypeError(f"worker got an unexpected message {type(message).__name__}")
         result = executor.execute(message.plan)
         if tp.is_first_rank:
-            conn.send(StepDone(result.sampled))
+            conn.send(StepDone(result.sampled, result.spec_sampled))
 
 
 def _next_message(spec: WorkerSpec, tp: TensorParallelGroup, conn: Connection) -> object:

@@ -1,11 +1,13 @@
 """servelab's CPU ops (AVX2 + FMA), compiled on first use with torch.utils.cpp_extension and cached
-per user. The PyTorch model code stays the reference; these are the fast path for bf16 weights."""
+per user, one build per version of the sources shared by every checkout. The PyTorch model code stays the reference; these are the fast path for bf16 weights."""
 from __future__ import annotations
 
 import functools
 import hashlib
 import logging
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,11 +23,25 @@ def _build_name(here: Path) -> str:
     return f"servelab_cpu_ops_{digest[:10]}"
 
 
-def _build_dir(root: Path, here: Path, name: str) -> Path:
-    # build.ninja records absolute source paths, so two checkouts sharing one build folder would
-    # rebuild each other's module on every load: key the folder by the source folder too.
-    where = hashlib.sha256(str(here.resolve()).encode()).hexdigest()[:8]
-    return root / "kernels" / f"{name}-{where}"
+def _build_dir(root: Path, name: str) -> Path:
+    # named after the sources' contents only: every checkout with the same sources shares one build
+    return root / "kernels" / name
+
+
+def _staged_sources(build_dir: Path, here: Path) -> Path:
+    """The sources and headers copied into the build folder once. build.ninja records absolute source paths:
+    built from each checkout's own files, two checkouts sharing the folder would rebuild each other's module
+    on every load; built from this copy, every checkout names the same files."""
+    staged = build_dir / "src"
+    if not all((staged / f).is_file() for f in SOURCES + HEADERS):
+        tmp = Path(tempfile.mkdtemp(dir=build_dir, prefix="src-"))
+        for f in SOURCES + HEADERS:
+            shutil.copyfile(here / f, tmp / f)
+        try:
+            tmp.rename(staged)
+        except OSError:  # another process staged them first
+            shutil.rmtree(tmp, ignore_errors=True)
+    return staged
 
 
 STALE_LOCK_S = 600
@@ -64,10 +80,11 @@ def cpu_ops():
         here = Path(__file__).parent
         name = _build_name(here)
         root = Path(os.environ.get("SERVELAB_CACHE_DIR", Path.home() / ".cache" / "servelab"))
-        cache = _build_dir(root, here, name)
+        cache = _build_dir(root, name)
         cache.mkdir(parents=True, exist_ok=True)
         _break_stale_lock(cache)
-        return load(name=name, sources=[str(here / s) for s in SOURCES],
+        staged = _staged_sources(cache, here)
+        return load(name=name, sources=[str(staged / s) for s in SOURCES],
                     extra_cflags=["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"], extra_ldflags=["-fopenmp"],
                     build_directory=str(cache), verbose=False)
     except Exception as exc:  # a missing compiler must not stop the engine, only slow bf16 down

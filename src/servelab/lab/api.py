@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from servelab.config import SpeculativeConfig
 from servelab.errors import FieldError
 from servelab.lab.analysis.autoscale_policies import AutoscalePolicyConfig
 from servelab.lab.analysis.autoscaling import AutoscaleOutcome, AutoscaleSettings, evaluate_autoscaling
@@ -60,6 +61,9 @@ class DeploymentRequest:
     kv_cache_dtype: str = "auto"
     first_token_from_decode: bool = False
     async_output: bool = False  # vLLM V0's asynchronous output processing: tokens reach the client a step later
+    # the engine's --speculative-config (a JSON string or its dict), and the rate its drafts are accepted at
+    speculative_config: str | dict | None = None
+    spec_acceptance_rate: float | None = None
 
     def build(self) -> Deployment:
         model, device = get_model(self.model), get_device(self.gpu)
@@ -69,6 +73,8 @@ class DeploymentRequest:
             profile = load_cpu_profile()
             profile.check_model(model)
             extra = dict(efficiency=profile.efficiency, kv_cache_bytes=profile.kv_cache_bytes)
+            if self.speculative_config is not None and self.spec_acceptance_rate is None and profile.spec_decode:
+                extra["spec_acceptance_rate"] = profile.spec_decode["fitted_acceptance_rate"]  # measured here
             defaults = (profile.max_num_seqs, profile.max_num_batched_tokens, profile.dtype)
         else:
             extra = dict(efficiency=self._calibrated_efficiency(device))
@@ -84,8 +90,19 @@ class DeploymentRequest:
             enable_prefix_caching=self.enable_prefix_caching, cuda_graphs=self.cuda_graphs,
             num_scheduler_steps=self.num_scheduler_steps, mixed_batches=self.mixed_batches,
             quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype,
-            first_token_from_decode=self.first_token_from_decode, async_output=self.async_output, **extra,
+            first_token_from_decode=self.first_token_from_decode, async_output=self.async_output,
+            speculative=self._speculative(), **{"spec_acceptance_rate": self.spec_acceptance_rate, **extra},
         )
+
+    def _speculative(self) -> SpeculativeConfig | None:
+        value = self.speculative_config
+        if value is None:
+            return None
+        try:
+            return SpeculativeConfig.from_json(value if isinstance(value, str) else json.dumps(value))
+        except ValueError as err:
+            raise FieldError(f"{{speculative_config}}: {str(err).removeprefix('--speculative-config ')}",
+                             "speculative_config") from None
 
     def error_bands(self, e: Evaluation) -> dict | None:
         """The bands of an evaluation of this deployment (None where it has none: a CPU profile, no fit)."""

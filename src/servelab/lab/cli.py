@@ -74,6 +74,11 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-mixed-batches", dest="mixed_batches", action="store_false",
                    help="prefills run in steps of their own while decodes wait (vLLM V0 without chunked prefill, "
                         "SGLang without --enable-mixed-chunk)")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, as the engine\'s flag: {"method": "ngram", "num_speculative_tokens": K}')
+    p.add_argument("--spec-acceptance-rate", type=float, default=None, metavar="A",
+                   help="probability each draft is accepted (up to the first rejected); `servelab lab profile` "
+                        "measures it on this machine's engine")
 
 
 def _add_deployment_args(p: argparse.ArgumentParser) -> None:
@@ -234,7 +239,8 @@ def deployment_request(args: argparse.Namespace) -> DeploymentRequest:
         enable_prefix_caching=getattr(args, "enable_prefix_caching", True),
         calibration=args.calibration, engine=args.engine, cuda_graphs=args.cuda_graphs,
         num_scheduler_steps=args.num_scheduler_steps, mixed_batches=args.mixed_batches,
-        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"))
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
+        speculative_config=args.speculative_config, spec_acceptance_rate=args.spec_acceptance_rate)
 
 
 def workload_config(args: argparse.Namespace) -> WorkloadConfig:

@@ -21,6 +21,13 @@ class EngineState:
     # tokens looked up in the prefix cache at admission, and those found there (vLLM counts both in tokens)
     prefix_cache_queries_total: int = 0
     prefix_cache_hits_total: int = 0
+    # speculative decoding (vLLM's spec_decode counters): requests that verified drafts, summed over steps;
+    # draft tokens; accepted drafts; accepted drafts by position in the draft (one per speculative token,
+    # empty when the engine does not speculate)
+    spec_num_drafts_total: int = 0
+    spec_num_draft_tokens_total: int = 0
+    spec_num_accepted_tokens_total: int = 0
+    spec_num_accepted_tokens_per_pos: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

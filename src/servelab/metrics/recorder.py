@@ -114,7 +114,10 @@ def _total(states: list[EngineState]) -> EngineState | None:
                        (num_blocks - num_free_blocks) / num_blocks, num_blocks, num_free_blocks, states[0].block_size,
                        sum(s.num_reserved_unused_slots for s in states), sum(s.max_num_seqs for s in states),
                        sum(s.num_preemptions_total for s in states),
-                       sum(s.prefix_cache_queries_total for s in states), sum(s.prefix_cache_hits_total for s in states))
+                       sum(s.prefix_cache_queries_total for s in states), sum(s.prefix_cache_hits_total for s in states),
+                       sum(s.spec_num_drafts_total for s in states), sum(s.spec_num_draft_tokens_total for s in states),
+                       sum(s.spec_num_accepted_tokens_total for s in states),
+                       tuple(map(sum, zip(*(s.spec_num_accepted_tokens_per_pos for s in states)))))
 
 
 def with_rates(current: dict, previous: dict | None, interval_s: float) -> dict:

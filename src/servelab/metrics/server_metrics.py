@@ -76,6 +76,13 @@ class ServerMetrics:
             "prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", engine)
         self.prefix_cache_hits = counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
                                          engine)
+        # speculative decoding: series appear once an engine reports that it speculates
+        self.spec_decode_num_drafts = counter("spec_decode_num_drafts", "Number of spec decoding drafts.", engine)
+        self.spec_decode_num_draft_tokens = counter("spec_decode_num_draft_tokens", "Number of draft tokens.", engine)
+        self.spec_decode_num_accepted_tokens = counter("spec_decode_num_accepted_tokens",
+                                                       "Number of accepted tokens.", engine)
+        self.spec_decode_num_accepted_tokens_per_pos = counter(
+            "spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.", engine + ("position",))
         self.prompt_tokens = counter("prompt_tokens", "Number of prefill tokens processed.", engine)
         self.generation_tokens = counter("generation_tokens", "Number of generation tokens processed.", engine)
         self.request_success = counter("request_success", "Count of successfully processed requests.",
@@ -178,14 +185,26 @@ class ServerMetrics:
         self.kv_cache_reserved_unused_slots.labels(*labels).set(s.num_reserved_unused_slots)
         self.kv_cache_reserved_unused_perc.labels(*labels).set(
             s.num_reserved_unused_slots / (s.num_blocks * s.block_size))
-        for counter, total_name in ((self.num_preemptions, "num_preemptions_total"),
-                                    (self.prefix_cache_queries, "prefix_cache_queries_total"),
-                                    (self.prefix_cache_hits, "prefix_cache_hits_total")):
-            total, key = getattr(s, total_name), (engine_index, total_name)
-            seen = self._totals_seen.get(key, 0)
-            if total > seen:
-                counter.labels(*labels).inc(total - seen)
-                self._totals_seen[key] = total
+        totals = [(self.num_preemptions, "num_preemptions_total"),
+                  (self.prefix_cache_queries, "prefix_cache_queries_total"),
+                  (self.prefix_cache_hits, "prefix_cache_hits_total")]
+        if s.spec_num_accepted_tokens_per_pos:
+            totals += [(self.spec_decode_num_drafts, "spec_num_drafts_total"),
+                       (self.spec_decode_num_draft_tokens, "spec_num_draft_tokens_total"),
+                       (self.spec_decode_num_accepted_tokens, "spec_num_accepted_tokens_total")]
+        for counter, total_name in totals:
+            self._add_total(counter, labels, getattr(s, total_name), (engine_index, total_name))
+        for position, total in enumerate(s.spec_num_accepted_tokens_per_pos):
+            self._add_total(self.spec_decode_num_accepted_tokens_per_pos, (*labels, str(position)), total,
+                            (engine_index, f"spec_num_accepted_tokens_per_pos/{position}"))
+
+    def _add_total(self, counter: Counter, labels: tuple[str, ...], total: int, key: tuple[int, str]) -> None:
+        """Bring a counter's series up to an engine's running total (created at 0 on first sight)."""
+        series = counter.labels(*labels)
+        seen = self._totals_seen.get(key, 0)
+        if total > seen:
+            series.inc(total - seen)
+            self._totals_seen[key] = total
 
     def record_step(self, step: StepSample, engine_index: int = 0) -> None:
         labels = (self.model_name, str(engine_index))

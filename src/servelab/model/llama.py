@@ -213,7 +213,7 @@ class LlamaForCausalLM(nn.Module):
         # True: in a one-call W8A8 decode step each layer's attention prefetches the matrices that run after it
         # (from DRAM their GEMMs take ~30% longer at batch 64). Off: since decode attention prefetches its K rows
         # into L2, the two compete for misses in flight and the step measured no faster with it (int8 KV) or
-        # ~2.8 ms slower (bf16 KV); benchmarks/decode_step_parts.py --parts prefetch compares the two.
+        # ~2.8 ms slower (bf16 KV); benchmarks/decode_step_parts/run.py --parts prefetch compares the two.
         self.prefetch_weights = False
         self.rope = RotaryEmbedding(config, max_positions, self.compute_dtype)
 

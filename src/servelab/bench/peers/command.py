@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from servelab.bench.peers.workloads import build_workloads
+from servelab.bench.results import DEFAULT_DIR
 
 PEERS = ("servelab", "llama.cpp", "hf")
 
@@ -48,8 +49,8 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-timeout", type=float, default=600.0, help="seconds a server may take to start")
     p.add_argument("--disable-tqdm", action="store_true")
-    p.add_argument("--name", default=None, help="results go to benchmarks/results/peers-<name>/")
-    p.add_argument("--result-dir", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--name", default=None, help="results go to <result-dir>/peers-<name>/")
+    p.add_argument("--result-dir", type=Path, default=DEFAULT_DIR)
     p.set_defaults(func=run)
 
 

@@ -176,7 +176,7 @@ def run_hf(work: Workloads, tokenizer) -> list[dict]:
     (fp32 or bf16, timed on a small batch first)."""
     import torch
 
-    from servelab.bench.hf_baseline import run_hf_static
+    from servelab.bench.offline.hf_baseline import run_hf_static
     from servelab.model.loader import resolve_model_path
 
     folder, pad = resolve_model_path(None), tokenizer.eos_token_ids[0]

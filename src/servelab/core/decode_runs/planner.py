@@ -6,7 +6,7 @@ requests for one token each. A DecodeRunPlan (core/plan.py) describes those k st
 cost model needs to price them, so EngineCore.step_with_decode_runs takes such a run in one go. A
 one-step run may also admit waiting requests, exactly as schedule() would (they come back as an
 ordinary StepPlan). Tokens, timestamps, block ids and pool state are identical to single steps
-(tests/lab/test_multi_step.py).
+(tests/core/decode_runs/test_multi_step.py).
 
 The planner is composed with the Scheduler, not part of it: it reads the scheduler's public queues and
 block manager, and changes them only through Scheduler.admit / finish_request and the block manager's

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 
 from servelab.engine_args import EngineArgs
@@ -20,6 +21,9 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the saved profile as JSON")
     p.add_argument("--kv-transfer-only", action="store_true",
                    help="only (re)measure the KV-transfer cost and add it to the saved profile")
+    p.add_argument("--spec-acceptance-only", action="store_true",
+                   help="only measure how often --speculative-config's drafts are accepted on code-edit prompts "
+                        "and add it to the saved profile (`lab simulate --spec-acceptance-rate`'s default here)")
     p.set_defaults(func=cmd_profile)
 
 
@@ -65,6 +69,42 @@ def cmd_profile_kv_transfer(args: argparse.Namespace) -> int:
     return 0
 
 
+def measure_spec_acceptance_of(engine_args: EngineArgs, log) -> dict:
+    from servelab.engine.llm_engine import LLMEngine
+    from servelab.lab.calibrate.spec_acceptance import measure_acceptance
+
+    config = engine_args.speculative()
+    assert config is not None  # the callers check
+    log(f"measuring speculative acceptance ({config.method}, {config.num_speculative_tokens} tokens) on code edits")
+    return measure_acceptance(LLMEngine.from_engine_args(engine_args), config)
+
+
+def _spec_line(spec: dict) -> str:
+    return (f"  speculative decoding: vLLM acceptance rate {spec['acceptance_rate']:.2f}, mean acceptance length "
+            f"{spec['mean_acceptance_length']:.2f}, {spec['tokens_per_decode_step']:.2f} tokens per decode step "
+            f"-> --spec-acceptance-rate {spec['fitted_acceptance_rate']:.3f}")
+
+
+def cmd_profile_spec_acceptance(args: argparse.Namespace) -> int:
+    """Add the speculative acceptance figures to the saved profile."""
+    from servelab.lab.catalog.cpu_profile import load_cpu_profile, save_cpu_profile
+
+    engine_args = EngineArgs.from_cli_args(args)
+    if engine_args.speculative() is None:
+        raise ValueError("--spec-acceptance-only needs --speculative-config")
+    profile = load_cpu_profile()
+    profile.check_model(profiled_model_spec(args.model))
+    log = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
+    spec = measure_spec_acceptance_of(engine_args, log)
+    path = save_cpu_profile(dataclasses.replace(profile, spec_decode=spec))
+    if args.json:
+        print(json.dumps(spec, indent=2))
+        return 0
+    print(f"saved {path}")
+    print(_spec_line(spec))
+    return 0
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     import gc
     import json
@@ -82,7 +122,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if args.kv_transfer_only:
         return cmd_profile_kv_transfer(args)
-    engine_args = EngineArgs.from_cli_args(args)
+    if args.spec_acceptance_only:
+        return cmd_profile_spec_acceptance(args)
+    # the steps are timed without speculation (the lab prices verify steps by their rows); its acceptance
+    # is measured at the end
+    spec_args = EngineArgs.from_cli_args(args)
+    engine_args = dataclasses.replace(spec_args, speculative_config=None)
     if engine_args.quantization == "auto":  # the cost model prices float weights and KV: profile those
         engine_args = dataclasses.replace(engine_args, quantization="none")
     if engine_args.schedule != "continuous":
@@ -107,6 +152,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     kv = measure_kv_transfer_of(spec, config.dtype, config.cache.block_size, args.repeats, log)
     profile = replace(profile, kv_transfer=kv)
     profile = replace(profile, efficiency=replace(profile.efficiency, all_reduce=measure_all_reduce(progress=log)))
+    if spec_args.speculative() is not None:
+        profile = replace(profile, spec_decode=measure_spec_acceptance_of(spec_args, log))
     path = save_cpu_profile(profile)
     if args.json:
         print(json.dumps(profile.to_json(), indent=2))
@@ -122,6 +169,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                                      for x, y in zip(curve.xs, curve.ys)))
     print(f"  arrival overhead per new request: {e.arrival_overhead_s * 1e3:.1f} ms")
     print(_kv_line(kv))
+    if profile.spec_decode:
+        print(_spec_line(profile.spec_decode))
     for a in e.all_reduce:
         print(f"  all-reduce over {a.world_size} processes: {a.latency_s * 1e6:.0f} us + bytes / "
               f"{a.bytes_per_s / 1e9:.2f} GB/s")

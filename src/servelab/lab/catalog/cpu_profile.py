@@ -13,6 +13,7 @@ Stored as JSON at $SERVELAB_CACHE_DIR/lab/local-cpu.json (default ~/.cache/serve
    "kv_cache_bytes": K, "dtype": "bfloat16", "max_num_seqs": S, "max_num_batched_tokens": T,
    "fit": {"model": "smollm2-135m", "num_samples": n, "mean_abs_rel_error": e, ...},
    "kv_transfer": {"latency_s": l, "bytes_per_s": b, "samples": [[bytes, seconds], ...]},
+   "spec_decode": {"speculative_config": {...}, "fitted_acceptance_rate": a, "acceptance_rate": r, ...},
    "created": "ISO time", "host": "..."}
 
 The two curves price a step's linear layers (measured, see executor/curve.py); device.flops and
@@ -25,6 +26,9 @@ kv_cache_bytes, max_num_seqs and max_num_batched_tokens are the real engine's se
 so a simulation of local-cpu runs the scheduler with the pool and limits `servelab serve` uses.
 kv_transfer (optional: profiles measured before it lack it) is the torch.distributed point-to-point
 send between two processes that a disaggregated deployment's KV handoff pays.
+spec_decode (optional) is prompt-lookup speculation measured on code-edit prompts
+(lab/calibrate/spec_acceptance.py): its fitted_acceptance_rate is `lab simulate --spec-acceptance-rate`'s
+default on local-cpu.
 """
 from __future__ import annotations
 
@@ -56,6 +60,7 @@ class CpuProfile:
     created: str = ""
     host: str = ""
     kv_transfer: dict = field(default_factory=dict)  # latency_s, bytes_per_s, samples
+    spec_decode: dict = field(default_factory=dict)  # lab/calibrate/spec_acceptance.py
 
     @property
     def kv_transfer_link(self) -> tuple[float, float]:
@@ -76,6 +81,7 @@ class CpuProfile:
             "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
             "fit": self.fit, "created": self.created, "host": self.host,
             **({"kv_transfer": self.kv_transfer} if self.kv_transfer else {}),
+            **({"spec_decode": self.spec_decode} if self.spec_decode else {}),
         }
 
     def check_model(self, model: ModelSpec) -> None:
@@ -109,7 +115,7 @@ class CpuProfile:
                        dtype=data["dtype"], max_num_seqs=int(data["max_num_seqs"]),
                        max_num_batched_tokens=int(data["max_num_batched_tokens"]), fit=dict(data.get("fit", {})),
                        created=data.get("created", ""), host=data.get("host", ""),
-                       kv_transfer=dict(data.get("kv_transfer", {})))
+                       kv_transfer=dict(data.get("kv_transfer", {})), spec_decode=dict(data.get("spec_decode", {})))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{source or 'CPU profile'} is incomplete ({err}); run `servelab lab profile` again") from None
 

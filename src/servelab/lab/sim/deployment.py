@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from servelab.config import SCHEDULE_POLICIES, SchedulerConfig
+from servelab.config import SCHEDULE_POLICIES, SchedulerConfig, SpeculativeConfig
 from servelab.errors import check_fields
 from servelab.executor.cost_model import CostModel
 from servelab.executor.efficiency import GPU_EFFICIENCY, Efficiency
@@ -62,6 +62,12 @@ class Deployment:
     # sampled tokens are turned into outputs while the next step runs and reach the client when it ends,
     # so tokens arrive one engine step later (at once when the engine has nothing more to run).
     async_output: bool = False
+    # Speculative decoding (the engine's --speculative-config): each decode step of a request drafts
+    # num_speculative_tokens tokens and verifies them in a step of 1 + K rows; each draft is accepted with
+    # probability spec_acceptance_rate until the first rejection (the cost model's executor draws them), so
+    # a step gives (1 - a^(K+1)) / (1 - a) tokens on average. Prompt lookup drafts on the CPU: free here.
+    speculative: SpeculativeConfig | None = None
+    spec_acceptance_rate: float | None = None
 
     def __post_init__(self) -> None:
         tp, m = self.tensor_parallel_size, self.model
@@ -94,6 +100,11 @@ class Deployment:
             (p == 0 or self.schedule == "continuous", "{disaggregate} runs continuous batching on each side",
              ("disaggregate", "schedule")),
             (self.num_scheduler_steps >= 1, "{num_scheduler_steps} must be >= 1", ("num_scheduler_steps",)),
+            (self.speculative is None or self.spec_acceptance_rate is not None,
+             "{speculative_config} needs {spec_acceptance_rate} (`servelab lab profile` measures it)",
+             ("speculative_config", "spec_acceptance_rate")),
+            (self.spec_acceptance_rate is None or 0 <= self.spec_acceptance_rate <= 1,
+             "{spec_acceptance_rate} must be in [0, 1]", ("spec_acceptance_rate",)),
             (self.max_num_seqs >= 1 and self.max_num_batched_tokens >= 1 and self.block_size >= 1,
              "{max_num_seqs}, {max_num_batched_tokens} and {block_size} must be >= 1",
              ("max_num_seqs", "max_num_batched_tokens", "block_size")),
@@ -144,6 +155,9 @@ class Deployment:
             **({"kv_cache_dtype": self.kv_cache_dtype} if self.kv_cache_dtype != "auto" else {}),
             **({"first_token_from_decode": True} if self.first_token_from_decode else {}),
             **({"async_output": True} if self.async_output else {}),
+            **({"speculative_config": {"method": self.speculative.method,
+                                       "num_speculative_tokens": self.speculative.num_speculative_tokens},
+                "spec_acceptance_rate": self.spec_acceptance_rate} if self.speculative else {}),
         }
 
 

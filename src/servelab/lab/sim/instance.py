@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 
-from servelab.config import SchedulerConfig
+from servelab.config import SchedulerConfig, SpeculativeConfig
 from servelab.core.block_manager import BlockManager
 from servelab.core.clock import VirtualClock
 from servelab.core.engine_core import EngineCore
 from servelab.core.request import Request
 from servelab.core.scheduler import Scheduler
+from servelab.core.spec_decode.simulated import SimulatedProposer
 from servelab.executor.cost_model import CostModel
 from servelab.executor.cost_model_executor import CostModelExecutor
 from servelab.lab.sim.step_log import StepLog
@@ -19,16 +20,23 @@ from servelab.lab.sim.step_log import StepLog
 class Instance:
     def __init__(self, index: int, role: str, scheduler_config: SchedulerConfig, num_blocks: int, block_size: int,
                  cost_model: CostModel, multi_step: bool = True, started_at: float = 0.0,
-                 enable_prefix_caching: bool = False) -> None:
+                 enable_prefix_caching: bool = False, speculative: SpeculativeConfig | None = None,
+                 spec_acceptance_rate: float | None = None) -> None:
+        """speculative: each decode step drafts and verifies (SimulatedProposer, accepted at spec_acceptance_rate);
+        its steps are priced one by one (a decode run's steps each give one token)."""
         self.index = index
         self.role = role  # "mixed", "prefill" or "decode"
+        multi_step = multi_step and speculative is None
         self.multi_step = multi_step
         self.step_stats = StepLog()
         self.clock = VirtualClock()
         block_manager = BlockManager(num_blocks, block_size,
                                      enable_caching=enable_prefix_caching and not scheduler_config.contiguous)
-        self.core = EngineCore(Scheduler(scheduler_config, block_manager),
-                                 CostModelExecutor(cost_model), self.clock, stats_sink=self.step_stats.append,
+        proposer = SimulatedProposer(speculative.num_speculative_tokens) if speculative is not None else None
+        self.core = EngineCore(Scheduler(scheduler_config, block_manager, proposer),
+                                 CostModelExecutor(cost_model, spec_acceptance_rate if speculative else None, seed=index),
+                                 self.clock,
+                                 stats_sink=self.step_stats.append,
                                  decode_runs=multi_step)
         self.num_outstanding = 0  # routed here and not finished, as the router sees it
         self.busy = False

@@ -134,7 +134,8 @@ class _Simulation:
         self.scale_samples: list[ScaleSample] = []
         self.finished_on = [0] * len(workload)
         self.request_transfer_s: dict[int, float] = {}
-        self.params = SamplingParams(max_tokens=None, ignore_eos=True)
+        # greedy, as the engine speculates only for greedy requests (the cost model samples no real token)
+        self.params = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
         self.heap: list[tuple] = []
         self.seq = itertools.count()
         self.finished: dict[int, SimulatedRequest] = {}
@@ -160,7 +161,8 @@ class _Simulation:
         d = self.d
         instance = Instance(len(self.instances), role, d.scheduler_config, self.memory.num_blocks, d.block_size,
                             self.cost_model, self.multi_step, started_at=now,
-                            enable_prefix_caching=d.enable_prefix_caching)
+                            enable_prefix_caching=d.enable_prefix_caching, speculative=d.speculative,
+                            spec_acceptance_rate=d.spec_acceptance_rate)
         self.instances.append(instance)
         if role != "decode":
             self.front.append(instance)

@@ -158,6 +158,20 @@ def _flag(field: str, value) -> bool:
     return value
 
 
+def _speculative_config(field: str, value) -> dict:
+    """The engine's JSON object; its keys and values are checked where the request is built (a FieldError)."""
+    if not isinstance(value, dict):
+        raise _bad(field, "not_a_choice", value, choices='{"method": "ngram", "num_speculative_tokens": K}')
+    return value
+
+
+def _fraction(field: str, value) -> float:
+    number = _number(field, value)
+    if not 0 <= number <= 1:
+        raise _bad(field, "not_between", value, low=0, high=1)
+    return number
+
+
 def _engine(field: str, value) -> str:
     return _choice(field, value, sorted({e for name in calibration_names() for e in load_calibration(name).engines()}))
 
@@ -173,6 +187,8 @@ _DEPLOYMENT = {
     "num_scheduler_steps": lambda f, v: _int(f, v, 1, 64),
     "mixed_batches": _flag,
     "max_num_seqs": _optional(lambda f, v: _int(f, v, 1, MAX_NUM_SEQS)),
+    "speculative_config": _optional(_speculative_config),
+    "spec_acceptance_rate": _optional(_fraction),
 }
 _WORKLOAD = {
     "dataset": lambda f, v: _choice(f, v, DATASETS),

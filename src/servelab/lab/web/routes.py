@@ -38,6 +38,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 
+from servelab.bench.results import DEFAULT_DIR
 from servelab.errors import OpenAIError
 from servelab.lab import api
 from servelab.lab.catalog import LOCAL_CPU, get_device, get_model, gpu_ids, model_ids
@@ -62,7 +63,7 @@ ASSETS = {
     "lab.css": "text/css", "autoscale.js": "text/javascript", "measured.js": "text/javascript",
     "frontier.js": "text/javascript",
     "i18n/en.json": "application/json", "i18n/zh.json": "application/json",
-    # a copy of benchmarks/results/stages-smollm2/stages-smollm2.json (`servelab bench stages`)
+    # a copy of benchmarks/stages/stages-smollm2/stages-smollm2.json (`servelab bench stages`)
     "measured/stages.json": "application/json",
 }
 PAGES = {"/lab": "index.html", "/lab/tutorial": "tutorial.html"}
@@ -70,7 +71,7 @@ MAX_BODY_BYTES = 64 * 1024
 
 
 WORK = {"simulate": api.simulate, "advise": api.advise, "measured": measured_path, "frontier": api.frontier}
-RESULTS_DIR = Path("benchmarks/results")  # `servelab bench`'s default --result-dir
+RESULTS_DIR = DEFAULT_DIR  # `servelab bench`'s default --result-dir
 
 
 @dataclass(frozen=True)

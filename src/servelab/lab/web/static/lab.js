@@ -70,6 +70,7 @@
     const split = $("sw-pd").checked ? [intOf("in-prefill", 1), intOf("in-decode", 1)] : null;
     const sharegpt = $("in-dataset").value === "sharegpt-like";
     const tpot = $("in-tpot").value;
+    const spec = $("sw-spec").checked;
     return {
       model: $("in-model").value,
       gpu: $("in-gpu").value,
@@ -88,6 +89,8 @@
       seed: intOf("in-seed", 0),
       ttft_target_ms: sliders.ttft.get(),
       tpot_target_ms: tpot === "" ? null : Number(tpot),
+      speculative_config: spec ? { method: "ngram", num_speculative_tokens: Number($("in-spec-k").value) } : null,
+      spec_acceptance_rate: spec ? Number($("in-spec-rate").value) : null,
     };
   }
 
@@ -119,6 +122,11 @@
     $("in-burst").value = String(inputs.burstiness);
     $("in-prompts").value = String(inputs.num_prompts);
     $("in-seed").value = String(inputs.seed);
+    $("sw-spec").checked = Boolean(inputs.speculative_config);
+    if (inputs.speculative_config) {
+      $("in-spec-k").value = String(inputs.speculative_config.num_speculative_tokens);
+      $("in-spec-rate").value = String(inputs.spec_acceptance_rate ?? 0.7);
+    }
     syncControls(inputs.num_gpus);
   }
 
@@ -137,6 +145,7 @@
     gpus.disabled = pd;
     $("in-tp").closest(".sub").classList.toggle("disabled", tp === 1);
     $("in-prefill").closest(".sub").classList.toggle("disabled", !pd);
+    $("in-spec-rate").closest(".sub").classList.toggle("disabled", !$("sw-spec").checked);
     const sharegpt = $("in-dataset").value === "sharegpt-like";
     sliders.inputLen.el.disabled = sharegpt;
     sliders.outputLen.el.disabled = sharegpt;
@@ -159,6 +168,10 @@
     $("out-gpus").textContent = body.tp > 1 ? t("fmt.gpus_shape_tp", { n: body.num_gpus, shape, tp: body.tp })
       : t("fmt.gpus_shape", { n: body.num_gpus, shape });
     $("schedule-note").textContent = t(`in.note.${body.schedule}`, { n: body.max_num_seqs });
+    // a draft per position accepted with probability a until one is not: (1 - a^(K+1)) / (1 - a) tokens a step
+    const a = Number($("in-spec-rate").value), k = Number($("in-spec-k").value);
+    const perStep = a >= 1 ? k + 1 : (1 - a ** (k + 1)) / (1 - a);
+    $("out-spec-rate").textContent = t("fmt.spec_rate", { a: a.toFixed(2), n: perStep.toFixed(2) });
     $("cli-command").textContent = cliCommand(body);
   }
 
@@ -172,6 +185,10 @@
     parts.push(`--range-ratio ${b.range_ratio}`, `--request-rate ${b.request_rate}`, `--burstiness ${b.burstiness}`,
       `--num-prompts ${b.num_prompts}`, `--seed ${b.seed}`, `--ttft-target ${b.ttft_target_ms}ms`);
     if (b.tpot_target_ms != null) parts.push(`--tpot-target ${b.tpot_target_ms}ms`);
+    if (b.speculative_config) {
+      parts.push(`--speculative-config '${JSON.stringify(b.speculative_config)}'`,
+        `--spec-acceptance-rate ${b.spec_acceptance_rate}`);
+    }
     parts.push("--json");
     return parts.join(" ");
   }

@@ -1,0 +1,19 @@
+"""The lab's predictions against real runs of the same stages on this machine (`servelab lab validate`, after
+`servelab lab profile`); writes lab-validate-stages123/ and lab-validate-5stages/ here.
+
+    python benchmarks/lab_validate/run.py [extra flags for every command]
+"""
+import sys
+from pathlib import Path
+
+from servelab.bench.results import run_topic_commands
+
+HERE = Path(__file__).parent
+COMMANDS = [
+    "lab validate --stages serial,static,continuous --repeats 3 --name lab-validate-stages123",
+    "lab validate --stages serial,static,continuous,tp,disaggregated --repeats 1 --num-prompts 32 --name "
+    "lab-validate-5stages",
+]
+
+if __name__ == "__main__":
+    run_topic_commands(COMMANDS, HERE, sys.argv[1:])
