@@ -224,5 +224,5 @@ def test_assets_are_exactly_the_listed_files_and_nothing_else_is_served(lab_web)
 
 def test_the_packaged_measurements_are_the_benchmarks_results():
     packaged = STATIC_DIR / "measured" / "stages.json"
-    results = REPO / "benchmarks" / "results" / "stages-smollm2" / "stages-smollm2.json"
+    results = REPO / "benchmarks" / "stages" / "stages-smollm2" / "stages-smollm2.json"
     assert packaged.read_bytes() == results.read_bytes(), "copy the new results into lab/web/static/measured/"
