@@ -61,7 +61,10 @@ def english_words(text: str, names: frozenset[str] = frozenset()) -> list[str]:
 
 
 def catalog_names() -> frozenset[str]:
-    """The words of the catalog's model and GPU names (Llama, Instinct, SXM...)."""
+    """The words of the catalog's model and GPU names (Llama, Instinct, SXM...) and its calibration profiles'
+    names (identifiers such as `public`, shown as they are in every language)."""
     from servelab.lab.catalog import get_device, get_model, gpu_ids, model_ids
-    names = [get_model(m).name for m in model_ids()] + [get_device(g).name for g in gpu_ids()]
+    from servelab.lab.catalog.calibration import calibration_names
+    names = ([get_model(m).name for m in model_ids()] + [get_device(g).name for g in gpu_ids()]
+             + list(calibration_names()))
     return frozenset(word.lower() for name in names for word in WORD.findall(name))
