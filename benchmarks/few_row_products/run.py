@@ -26,7 +26,7 @@ TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12}
 
 def random_blocks(gguf_type: int, rows: int, cols: int) -> torch.Tensor:
     """Random valid blocks: random bytes with small positive fp16 scales (as tests/kernels/test_linear_quant.py)."""
-    from servelab.model.quantization import GGUF_BLOCKS
+    from servelab.model.quant.quantization import GGUF_BLOCKS
 
     values, nbytes = GGUF_BLOCKS[gguf_type]
     g = torch.Generator().manual_seed(0)

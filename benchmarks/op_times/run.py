@@ -18,7 +18,7 @@ import time
 
 import servelab.kernels as kernels
 import servelab.model.llama as llama
-import servelab.model.quantization as quantization
+import servelab.model.quant.quantization as quantization
 from servelab.llm import LLM
 from servelab.sampling_params import SamplingParams
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from servelab.bench.perplexity import TEXT, chunk_nll, chunks
 from servelab.engine.llm_engine import LLMEngine
 from servelab.engine_args import EngineArgs
-from servelab.model.smooth_quant import CALIBRATION_TEXT, smoothing_factors
+from servelab.model.quant.smooth_quant import CALIBRATION_TEXT, smoothing_factors
 
 DEFAULT_VARIANTS = ["none:only=qkv_proj", "none:only=o_proj", "none:only=gate_up_proj", "none:only=down_proj",
                     "none:only=head", "none:all", "0.4:all", "0.5:all", "0.55:all", "0.6:all", "0.65:all",

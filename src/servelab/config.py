@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from servelab.specs import ModelSpec
 
 SCHEDULE_POLICIES = ("serial", "static", "continuous")
-QUANTIZATION_METHODS = ("gguf", "int8")  # model/quantization.py
-# --quantization: auto (the default) picks per model and machine (model/auto_quantization.py); none = float weights.
+QUANTIZATION_METHODS = ("gguf", "int8")  # model/quant/quantization.py
+# --quantization: auto (the default) picks per model and machine (model/quant/auto_quantization.py); none = float weights.
 QUANTIZATION_CHOICES = ("auto", "none", *QUANTIZATION_METHODS)
 # vLLM's --kv-cache-dtype: "auto" stores K and V in the model's dtype; "int8" one byte per value with an fp32
 # scale per (token, KV head) row (model/attention.py quantize_kv), half of bf16's bytes.

@@ -11,9 +11,9 @@ import zmq
 
 from servelab.core.engine_io import EngineCoreTimes
 from servelab.engine.async_llm import AsyncLLM
-from servelab.engine.core_loop import EngineLoop
-from servelab.engine.core_process import _busy_loop, bound_output_socket
-from servelab.engine.core_protocol import (AddRequest, Codec, EngineStepOutputs, RequestDelta, RequestError,
+from servelab.engine.core_proc.core_loop import EngineLoop
+from servelab.engine.core_proc.core_process import _busy_loop, bound_output_socket
+from servelab.engine.core_proc.core_protocol import (AddRequest, Codec, EngineStepOutputs, RequestDelta, RequestError,
                                            Shutdown, coalesce)
 from servelab.engine.output_processor import OutputProcessor
 from servelab.metrics.events import EngineState, StepSample

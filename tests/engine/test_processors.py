@@ -3,7 +3,7 @@ RequestOutputs and the ids a stop string ended out), alone and in a real LLMEngi
 import pytest
 
 from servelab.core.engine_io import EngineCoreTimes, EngineLimits
-from servelab.engine.core_protocol import RequestDelta
+from servelab.engine.core_proc.core_protocol import RequestDelta
 from servelab.engine.input_processor import ContextLengthExceeded, child_requests
 from servelab.engine.output_processor import OutputProcessor
 from servelab.sampling_params import SamplingParams

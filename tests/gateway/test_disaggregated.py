@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from servelab.engine.core_client import EngineDeadError, InprocClient
-from servelab.engine.core_process import EngineFactory
-from servelab.engine.disagg_launcher import launch_disaggregated
+from servelab.engine.core_proc.core_process import EngineFactory
+from servelab.engine.core_proc.disagg_launcher import launch_disaggregated
 from servelab.gateway.app import Gateway, build_app
 from servelab.engine.async_llm import AsyncLLM
 from servelab.gateway.config import ServerConfig

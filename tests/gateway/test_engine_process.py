@@ -13,7 +13,7 @@ import pytest
 
 from servelab.engine.core_client import InprocClient
 from servelab.engine.mp_client import launch_engine_cores
-from servelab.engine.core_process import EngineFactory
+from servelab.engine.core_proc.core_process import EngineFactory
 from servelab.gateway.app import Gateway, build_app
 from servelab.engine.async_llm import AsyncLLM
 from servelab.gateway.config import ServerConfig

@@ -9,7 +9,7 @@ from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 
 from servelab.gateway.errors import OpenAIError
-from servelab.gateway.protocol import (ACCEPTED_CHAT_HINTS, REFUSED_CHAT_FIELDS, ChatCompletionRequest,
+from servelab.gateway.openai.protocol import (ACCEPTED_CHAT_HINTS, REFUSED_CHAT_FIELDS, ChatCompletionRequest,
                                        CompletionRequest, parse_request)
 
 CHAT_FIELDS = sorted(chat_create_params.CompletionCreateParamsBase.__annotations__)
@@ -58,7 +58,7 @@ def test_unknown_fields_are_logged_once():
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append
-    logger = logging.getLogger("servelab.gateway.protocol")
+    logger = logging.getLogger("servelab.gateway.openai.protocol")
     logger.addHandler(handler)  # directly: the server's logging setup may stop propagation to pytest's capture
     disabled, logger.disabled = logger.disabled, False  # and another tool's dictConfig may have disabled it
     try:

@@ -2,7 +2,7 @@
 import pytest
 
 from servelab.gateway.errors import OpenAIError
-from servelab.gateway.protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest,
+from servelab.gateway.openai.protocol import (COMPLETIONS_DEFAULT_MAX_TOKENS, ChatCompletionRequest, CompletionRequest,
                                        parse_request)
 
 

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from servelab.engine_args import EngineArgs
-from servelab.model.auto_quantization import resolve_quantization
+from servelab.model.quant.auto_quantization import resolve_quantization
 
 pytestmark = pytest.mark.slow
 

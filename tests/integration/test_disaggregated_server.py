@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from servelab.engine_args import EngineArgs
-from servelab.model.auto_quantization import resolve_quantization
+from servelab.model.quant.auto_quantization import resolve_quantization
 from servelab.testing.server import flood_with_disconnects, TINY_ENGINE_FLAGS, children, parse_sse, wait_for_metrics, wait_gone
 
 GRACE_S = 5.0

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from servelab.kernels import cpu_ops
 from servelab.model.attention import AttentionMetadata, dequantize_kv
 from servelab.model.llama import LlamaForCausalLM
-from servelab.model.quantization import GGUFWeight
+from servelab.model.quant.quantization import GGUFWeight
 from servelab.specs import ModelSpec
 
 pytestmark = pytest.mark.skipif(cpu_ops() is None, reason="servelab CPU ops need AVX2+FMA and a C++ compiler")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from servelab.kernels import cpu_ops
-from servelab.model.quantization import Int8Weight, int8_matmul, quantize_per_token
+from servelab.model.quant.quantization import Int8Weight, int8_matmul, quantize_per_token
 
 ops = cpu_ops()
 pytestmark = pytest.mark.skipif(ops is None, reason="servelab CPU ops need AVX2+FMA+F16C and a C++ compiler")

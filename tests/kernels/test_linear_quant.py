@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from servelab.kernels import cpu_ops
-from servelab.model.quantization import GGUF_BLOCKS, GGUF_TYPE_NAMES, GGUFWeight, dequantize_gguf_reference
+from servelab.model.quant.quantization import GGUF_BLOCKS, GGUF_TYPE_NAMES, GGUFWeight, dequantize_gguf_reference
 
 ops = cpu_ops()
 TYPES = sorted(GGUF_BLOCKS)

@@ -3,7 +3,7 @@ import pytest
 
 from servelab.engine_args import EngineArgs
 from servelab.entrypoints.cli import build_parser
-from servelab.model.auto_quantization import MEASURED_FASTEST, resolve_quantization
+from servelab.model.quant.auto_quantization import MEASURED_FASTEST, resolve_quantization
 
 
 def choice(**kwargs):

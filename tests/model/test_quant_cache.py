@@ -1,4 +1,4 @@
-"""The int8 cache (model/quant_cache.py): an entry is reused only for the same model content and calibration, is
+"""The int8 cache (model/quant/quant_cache.py): an entry is reused only for the same model content and calibration, is
 rebuilt when its bytes or hashes differ, and a load from it runs the same model as a calibration."""
 import os
 import shutil
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from servelab import LLM, SamplingParams
-from servelab.model import quant_cache
-from servelab.model.quant_cache import file_sha256, load_entry, model_content_hash, save_entry
+from servelab.model.quant import quant_cache
+from servelab.model.quant.quant_cache import file_sha256, load_entry, model_content_hash, save_entry
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 

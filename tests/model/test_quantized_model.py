@@ -7,7 +7,7 @@ import torch
 from servelab import LLM, SamplingParams
 from servelab.kernels import cpu_ops
 from servelab.model.gguf_weights import gguf_file
-from servelab.model.quantization import GGUFWeight, Int8Weight, quantize_per_token
+from servelab.model.quant.quantization import GGUFWeight, Int8Weight, quantize_per_token
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "In 1905, Albert Einstein published"]

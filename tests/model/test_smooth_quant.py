@@ -4,8 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from servelab.model.quantization import Int8Weight
-from servelab.model.smooth_quant import CALIBRATION_TEXT, InputAbsMax, smoothing_factors
+from servelab.model.quant.quantization import Int8Weight
+from servelab.model.quant.smooth_quant import CALIBRATION_TEXT, InputAbsMax, smoothing_factors
 
 K, N = 576, 192
 OUTLIERS = [5, 77, 300, 301]

@@ -34,7 +34,7 @@ from servelab.core.block_hash import hash_token_blocks
 from servelab.core.engine_io import EngineCoreRequest, EngineLimits
 from servelab.core.prefix_router import PrefixRouter
 from servelab.engine.core_client import EngineCoreClient, EngineDeadError, EngineStepError
-from servelab.engine.core_protocol import EngineStepOutputs, RequestDelta
+from servelab.engine.core_proc.core_protocol import EngineStepOutputs, RequestDelta
 from servelab.engine.input_processor import InputProcessor, PromptType, child_requests
 from servelab.engine.engine_loads import EngineLoads
 from servelab.engine.kv_handoff import decode_request, prefill_request

@@ -21,8 +21,8 @@ import threading
 from typing import TYPE_CHECKING, Protocol
 
 from servelab.core.engine_io import EngineCoreRequest
-from servelab.engine.core_loop import EngineLoop
-from servelab.engine.core_protocol import (AbortRequests, AddRequest, EngineReady, EngineStepOutputs, SendKV,
+from servelab.engine.core_proc.core_loop import EngineLoop
+from servelab.engine.core_proc.core_protocol import (AbortRequests, AddRequest, EngineReady, EngineStepOutputs, SendKV,
                                            StopRequests, coalesce)
 
 if TYPE_CHECKING:

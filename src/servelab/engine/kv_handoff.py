@@ -14,7 +14,7 @@ from servelab.core.engine_io import EngineCoreRequest, KVTransferParams
 from servelab.core.plan import SampledToken
 from servelab.core.request import Request, RequestStatus
 from servelab.core.scheduler import Scheduler
-from servelab.engine.core_protocol import RequestDelta
+from servelab.engine.core_proc.core_protocol import RequestDelta
 
 if TYPE_CHECKING:
     import torch

@@ -1,7 +1,7 @@
 """LLMEngine: input processor + engine core + output processor. Synchronous, with two faces:
 
 - the engine core's (add_core_request, abort_core_request, stop_core_requests, step_core): what an EngineLoop
-  (engine/core_loop.py) drives in an engine-core process or a thread. Values in, EngineCoreOutputs (the
+  (engine/core_proc/core_loop.py) drives in an engine-core process or a thread. Values in, EngineCoreOutputs (the
   step's new token per request) out; no text, so the core's loop does only scheduling and the model.
 - the offline one (add_request, step, abort_request): the same, plus the output processor in the caller's
   process, detokenizing those outputs into RequestOutputs (the offline LLM class, `servelab generate`).
@@ -26,14 +26,14 @@ from servelab.core.engine_io import EngineCoreOutput, EngineCoreRequest, EngineL
 from servelab.core.request import Request, RequestStatus
 from servelab.core.scheduler import Scheduler
 from servelab.core.spec_decode.ngram import NgramProposer
-from servelab.engine.core_protocol import RequestDelta
+from servelab.engine.core_proc.core_protocol import RequestDelta
 from servelab.engine.input_processor import InputProcessor, child_requests
 from servelab.engine.kv_handoff import KVEvents, KVHandoff
 from servelab.engine.output_processor import OutputProcessor
 from servelab.engine_args import EngineArgs
 from servelab.executor.model_executor import ModelExecutor
 from servelab.metrics.events import EngineState
-from servelab.model.auto_quantization import QuantizationChoice, resolve_quantization
+from servelab.model.quant.auto_quantization import QuantizationChoice, resolve_quantization
 from servelab.model.gguf_weights import gguf_file
 from servelab.model.loader import DEFAULT_MODEL, load_model_config, resolve_dtype, resolve_model_path
 from servelab.model.tokenizer import Tokenizer

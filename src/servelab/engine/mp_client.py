@@ -20,8 +20,8 @@ import zmq.asyncio
 
 from servelab.core.engine_io import EngineCoreRequest
 from servelab.engine.core_client import EngineDeadError
-from servelab.engine.core_process import EngineFactory, bound_output_socket, run_engine_core
-from servelab.engine.core_protocol import (AbortRequests, AddRequest, Codec, EngineDead, EngineReady,
+from servelab.engine.core_proc.core_process import EngineFactory, bound_output_socket, run_engine_core
+from servelab.engine.core_proc.core_protocol import (AbortRequests, AddRequest, Codec, EngineDead, EngineReady,
                                            EngineStartupFailed, EngineStepOutputs, SendKV, Shutdown, StopRequests)
 
 logger = logging.getLogger(__name__)

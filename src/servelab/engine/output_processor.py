@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from servelab.core.engine_io import EngineCoreRequest, EngineCoreTimes
-from servelab.engine.core_protocol import RequestDelta
+from servelab.engine.core_proc.core_protocol import RequestDelta
 from servelab.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from servelab.outputs import CompletionOutput, RequestMetrics, RequestOutput
 

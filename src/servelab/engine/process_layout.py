@@ -29,7 +29,7 @@ class EngineLayout:
     ranks: tuple[RankLayout, ...]
     # KV handoffs this engine sent (prefill) or received (decode) under --disaggregate; 0 when colocated.
     num_kv_handoffs: int = 0
-    # --quantization as resolved (none | gguf | int8), the KV cache dtype, and why (model/auto_quantization.py)
+    # --quantization as resolved (none | gguf | int8), the KV cache dtype, and why (model/quant/auto_quantization.py)
     quantization: str = "none"
     kv_cache_dtype: str = "auto"
     quantization_reason: str = ""

@@ -201,7 +201,7 @@ def _start_engine_cores(engine_args: EngineArgs, log_level: str) -> tuple[list[E
         engine = LLMEngine.from_engine_args(engine_args)
         return [InprocClient(engine)], engine.tokenizer, None
     from servelab.engine.mp_client import launch_engine_cores
-    from servelab.engine.core_process import EngineFactory, engine_from_args
+    from servelab.engine.core_proc.core_process import EngineFactory, engine_from_args
     from servelab.model.loader import resolve_model_path
     from servelab.model.tokenizer import Tokenizer
 
@@ -217,7 +217,7 @@ def _start_engine_cores(engine_args: EngineArgs, log_level: str) -> tuple[list[E
     folder = resolve_model_path(engine_args.model)  # converts a GGUF once, here, before the cores read it
     tokenizer = Tokenizer.from_pretrained(folder)
     if engine_args.disaggregate is not None:
-        from servelab.engine.disagg_launcher import launch_disaggregated
+        from servelab.engine.core_proc.disagg_launcher import launch_disaggregated
 
         def factory_for(kv_config):
             return EngineFactory(engine_from_args, (dataclasses.replace(engine_args, kv_transfer_config=kv_config),))

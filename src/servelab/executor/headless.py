@@ -22,7 +22,7 @@ COLLECTIVE_TIMEOUT_S = 300.0
 def headless_config(args: EngineArgs) -> tuple[str, EngineConfig]:
     """The model folder and the config every rank of this node builds its shard from; the flags must be
     node 0's (same model, dtype, KV pool), with this node's --node-rank."""
-    from servelab.model.auto_quantization import resolve_quantization
+    from servelab.model.quant.auto_quantization import resolve_quantization
     from servelab.model.loader import load_model_config, resolve_dtype, resolve_model_path
 
     choice = resolve_quantization(args)  # node 0 resolves the same flags to the same mode

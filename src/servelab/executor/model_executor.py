@@ -23,8 +23,8 @@ from servelab.model.llama import LlamaForCausalLM
 from servelab.model.gguf_weights import load_gguf_weights
 from servelab.model.loader import load_state_dict
 from servelab.model.sampler import Sampler, SamplingRow, plain_greedy
-from servelab.model.quant_cache import config_hash, entry_path, load_entry, model_content_hash, save_entry
-from servelab.model.smooth_quant import CALIBRATION_CHUNK_TOKENS, CALIBRATION_TEXT, SMOOTHQUANT_ALPHA, InputAbsMax
+from servelab.model.quant.quant_cache import config_hash, entry_path, load_entry, model_content_hash, save_entry
+from servelab.model.quant.smooth_quant import CALIBRATION_CHUNK_TOKENS, CALIBRATION_TEXT, SMOOTHQUANT_ALPHA, InputAbsMax
 from servelab.model.tokenizer import Tokenizer
 from servelab.specs import ModelSpec
 
@@ -53,7 +53,7 @@ def is_matrix_weight(name: str) -> bool:
 
 @dataclass
 class Int8Entry:
-    """Where --quantization int8's calibration and weights for a model folder are cached (model/quant_cache.py)."""
+    """Where --quantization int8's calibration and weights for a model folder are cached (model/quant/quant_cache.py)."""
     path: Path
     model_hash: str
     settings_hash: str

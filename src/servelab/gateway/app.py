@@ -21,7 +21,7 @@ from servelab.gateway.config import ServerConfig
 from servelab.gateway.errors import OpenAIError, engine_unavailable, internal_error, shutting_down
 from servelab.gateway.middleware import GatewayMiddleware, error_response
 from servelab.gateway.openapi import generation_route, install_openapi, models_route
-from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest
+from servelab.gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from servelab.gateway.serving import OpenAIServing
 from servelab.gateway.sse import SSEResponse, sse_event
 from servelab.engine.core_client import EngineCoreClient

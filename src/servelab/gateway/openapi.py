@@ -11,7 +11,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
+from servelab.gateway.openai.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
 
 REF = "#/components/schemas/{model}"
 _ERROR = {"application/json": {"schema": {"$ref": REF.format(model="ErrorResponse")}}}

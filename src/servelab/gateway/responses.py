@@ -8,7 +8,7 @@ from typing import AsyncIterator, Iterator
 
 from servelab.gateway.errors import OpenAIError
 from servelab.gateway.job import Job
-from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest
+from servelab.gateway.openai.protocol import ChatCompletionRequest, CompletionRequest
 from servelab.gateway.sse import SSE_DONE, ChunkFrames, sse_event
 from servelab.model.tokenizer import Tokenizer
 from servelab.outputs import CompletionOutput, RequestOutput, TokenLogprob

@@ -11,14 +11,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from servelab.gateway.admission import AdmissionControl
-from servelab.gateway.chat_tools import hermes_messages, template_reads_tools
-from servelab.gateway.grammar_check import GrammarChecker
+from servelab.gateway.openai.chat_tools import hermes_messages, template_reads_tools
+from servelab.gateway.openai.grammar_check import GrammarChecker
 from servelab.engine.async_llm import AsyncLLM
 from servelab.gateway.config import ServerConfig
 from servelab.gateway.errors import (OpenAIError, RequestBodyTooLarge, bad_request, client_closed,
                                      model_not_found, request_too_large, unsupported_media_type)
 from servelab.gateway.job import CLIENT_CLOSED, ClientDisconnected, Job, RequestContext
-from servelab.gateway.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from servelab.gateway.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from servelab.gateway.responses import ResponseBuilder
 from servelab.gateway.sse import SSEResponse
 from servelab.gateway.tokenize import detokenize, tokenize

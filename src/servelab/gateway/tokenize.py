@@ -8,7 +8,7 @@ import jinja2
 from pydantic import BaseModel, ConfigDict
 
 from servelab.gateway.errors import bad_request
-from servelab.gateway.protocol import ChatMessage, parse_request
+from servelab.gateway.openai.protocol import ChatMessage, parse_request
 from servelab.model.tokenizer import Tokenizer
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from servelab.model.gguf_convert import _ARCH, _field, hf_tensor_name, unpermute_qk
-from servelab.model.quantization import GGUF_BLOCKS, GGUFWeight
+from servelab.model.quant.quantization import GGUF_BLOCKS, GGUFWeight
 
 
 def load_gguf_weights(gguf_path: Path, dtype: torch.dtype) -> dict[str, torch.Tensor | GGUFWeight]:

@@ -9,7 +9,7 @@ from torch import nn
 
 from servelab.distributed.parallel_state import TensorParallelGroup
 from servelab.kernels import linear_bf16w
-from servelab.model.quantization import GGUFWeight, Int8Weight, QuantizedWeight, dequantize_gguf_reference
+from servelab.model.quant.quantization import GGUFWeight, Int8Weight, QuantizedWeight, dequantize_gguf_reference
 
 
 def compute_dtype(weight_dtype: torch.dtype, device: torch.device) -> torch.dtype:

@@ -19,8 +19,8 @@ from servelab.kernels import cpu_ops
 from servelab.model.attention import INT8_SCALE_BYTES, AttentionMetadata, paged_attention, prefill_attention, write_kv
 from servelab.model.layers import (ColumnParallelLinear, ParallelLMHead, QKVParallelLinear, RowParallelLinear,
                                    VocabParallelEmbedding, compute_dtype)
-from servelab.model.quantization import INT_MM_MIN_ROWS, QUANTIZATION_METHODS, GGUFWeight, Int8Weight, int8_matmul
-from servelab.model.smooth_quant import SMOOTHQUANT_ALPHA, smoothing_factors
+from servelab.model.quant.quantization import INT_MM_MIN_ROWS, QUANTIZATION_METHODS, GGUFWeight, Int8Weight, int8_matmul
+from servelab.model.quant.smooth_quant import SMOOTHQUANT_ALPHA, smoothing_factors
 
 BF16 = 30  # ggml's type id, which DecodeRunner takes for bf16 matrices
 from servelab.specs import ModelSpec

@@ -12,8 +12,8 @@ from servelab.executor.cost_model import CostModel
 from servelab.executor.efficiency import ENGINE_PRIORS, ENGINES, GPU_EFFICIENCY
 from servelab.executor.cost_model_executor import CostModelExecutor
 from servelab.lab.api import DeploymentRequest, SimulateRequest, simulate
-from servelab.lab.calibrate.cross_validation import PriorJacobian, cross_validate, fold_start
-from servelab.lab.calibrate.reference_fit import candidate_keys, depends, fit, prior, simulate_target, start_value
+from servelab.lab.calibrate.reference.cross_validation import PriorJacobian, cross_validate, fold_start
+from servelab.lab.calibrate.reference.reference_fit import candidate_keys, depends, fit, prior, simulate_target, start_value
 from servelab.lab.calibrate.targets import Target, measurement_targets, reference_targets
 from servelab.lab.catalog import get_device, get_model, gpu_ids
 from servelab.lab.catalog.calibration import (BOUND_REASONS, BOUNDS, CalibrationProfile, calibration_names,

@@ -51,8 +51,8 @@ def add_calibrate_parser(sub) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from servelab.lab.calibrate.cross_validation import PriorJacobian, cross_validate
-    from servelab.lab.calibrate.reference_fit import candidate_keys, fit, simulate_target
+    from servelab.lab.calibrate.reference.cross_validation import PriorJacobian, cross_validate
+    from servelab.lab.calibrate.reference.reference_fit import candidate_keys, fit, simulate_target
     from servelab.lab.calibrate.report import fit_report, format_report
     from servelab.lab.calibrate.targets import measurement_targets, other_source_targets, reference_targets
     from servelab.lab.catalog.calibration import (DEFAULT_CALIBRATION, CalibrationProfile, load_calibration,

@@ -174,7 +174,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from servelab.lab.calibrate.profile_run import profiled_model_spec
 
     if args.reference is not None:
-        from servelab.lab.calibrate.reference_validate import cmd_validate_reference
+        from servelab.lab.calibrate.reference.reference_validate import cmd_validate_reference
         return cmd_validate_reference(args)
     if not 0 < args.tolerance < 1:
         raise ValueError(f"--tolerance must be in (0, 1), got {args.tolerance}")

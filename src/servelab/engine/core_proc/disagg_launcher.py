@@ -10,7 +10,7 @@ from typing import Callable
 import torch.distributed as dist
 
 from servelab.config import KVTransferConfig
-from servelab.engine.core_process import EngineFactory
+from servelab.engine.core_proc.core_process import EngineFactory
 from servelab.engine.mp_client import STARTUP_TIMEOUT_S, MPClient, launch_engine_cores
 
 STORE_HOST = "127.0.0.1"

@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from servelab.lab.calibrate.reference_fit import (_jacobian, _Problem, candidate_keys, fit, start_value,
+from servelab.lab.calibrate.reference.reference_fit import (_jacobian, _Problem, candidate_keys, fit, start_value,
                                                  stable_cap, _values)
 from servelab.lab.calibrate.target_simulation import simulate_target
 from servelab.lab.calibrate.targets import Target

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from servelab.gateway.config import ServerConfig
 from servelab.gateway.errors import bad_request
-from servelab.gateway.protocol_structured import StructuredFields, ToolFields
+from servelab.gateway.openai.protocol_structured import StructuredFields, ToolFields
 from servelab.sampling_params import SamplingParams, StructuredOutputsParams
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from servelab.errors import ExecutorDeadError
 from servelab.core.engine_io import EngineCoreOutput
-from servelab.engine.core_protocol import (AbortRequests, AddRequest, EngineReady, EngineStepOutputs, RankProcess,
+from servelab.engine.core_proc.core_protocol import (AbortRequests, AddRequest, EngineReady, EngineStepOutputs, RankProcess,
                                            RequestDelta, RequestError, SendKV, StopRequests)
 from servelab.metrics.events import FinishedRequest, KVTransferSample, StepSample
 from servelab.metrics.request_stats import RequestTiming

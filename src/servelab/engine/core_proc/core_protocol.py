@@ -69,7 +69,7 @@ class EngineReady(msgspec.Struct, tag=True):
     ranks: list[RankProcess] = []
     # colocated: prefills and decodes; prefill / decode: one side of a --disaggregate split
     role: str = "colocated"
-    # what --quantization resolved to (model/auto_quantization.py): none | gguf | int8, the KV cache dtype, and why
+    # what --quantization resolved to (model/quant/auto_quantization.py): none | gguf | int8, the KV cache dtype, and why
     quantization: str = "none"
     kv_cache_dtype: str = "auto"
     quantization_reason: str = ""

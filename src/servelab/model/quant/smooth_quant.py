@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-CALIBRATION_TEXT = Path(__file__).parent / "data" / "int8_calibration.txt"
+CALIBRATION_TEXT = Path(__file__).parents[1] / "data" / "int8_calibration.txt"  # in model/data/
 # Migration strength. The paper and llm-compressor default to 0.5; on SmolLM2-135M a sweep of 0.4-0.75
 # put the least perplexity at 0.6-0.65, on the perplexity text and on the calibration text alike (README).
 SMOOTHQUANT_ALPHA = 0.6

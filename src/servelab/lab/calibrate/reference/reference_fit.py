@@ -6,7 +6,7 @@ pull towards the prior (GPU_EFFICIENCY; ENGINE_PRIORS for an engine's own overhe
 data cannot see stays where physics puts it. Every residual is a full simulation, so the Jacobian
 re-simulates only the targets a constant can move (a GPU's constants move its points, an engine's its
 points). Cross-validation (leave one source out, each fold from the priors) is
-servelab.lab.calibrate.cross_validation.
+servelab.lab.calibrate.reference.cross_validation.
 """
 from __future__ import annotations
 

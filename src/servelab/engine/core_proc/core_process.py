@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from servelab.engine.core_loop import EngineLoop
-from servelab.engine.core_protocol import Codec, EngineDead, EngineStartupFailed, EngineStepOutputs, Shutdown, coalesce
+from servelab.engine.core_proc.core_loop import EngineLoop
+from servelab.engine.core_proc.core_protocol import Codec, EngineDead, EngineStartupFailed, EngineStepOutputs, Shutdown, coalesce
 from servelab.errors import ExecutorDeadError
 
 if TYPE_CHECKING:

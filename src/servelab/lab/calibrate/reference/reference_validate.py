@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from servelab.lab.calibrate.reference_fit import simulate_target
+from servelab.lab.calibrate.reference.reference_fit import simulate_target
 from servelab.lab.calibrate.report import fit_report, format_report
 from servelab.lab.calibrate.targets import Target
 from servelab.lab.catalog.calibration import DEFAULT_CALIBRATION, load_calibration

@@ -1,0 +1,1 @@
+"""Fitting and validating against the published reference set: the fit, cross-validation by source, validation."""
