@@ -38,8 +38,11 @@ def test_streams_cumulative_outputs_from_one_engine_thread():
     timing = finished[0].timings[0]
     assert timing.output_len == 4 and len(timing.token_times) == 4 and timing.ttft >= 0
     assert sum(s.num_generation_tokens for e in events for s in e.steps) == 4
+    # steps the API loop had not read yet arrive coalesced, with the state after the last of them: the engine
+    # may finish the request before any event is read, so only the final state is certain (all blocks back)
     states = [e.state for e in events]
-    assert max(s.num_running for s in states) == 1 and states[-1].num_free_blocks == states[-1].num_blocks == 64
+    assert max(s.num_running for s in states) <= 1
+    assert states[-1].num_running == 0 and states[-1].num_free_blocks == states[-1].num_blocks == 64
 
 
 def test_concurrent_requests_do_not_mix():
