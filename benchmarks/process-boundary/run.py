@@ -5,7 +5,7 @@
 Each source tree is `git archive`d from its revision into a temporary folder, then each round serves the
 default model from the old tree and from the new one in turn (`servelab serve`, one engine core in its own
 process), and sends the same burst at once with `servelab bench serve`: 64 requests x 128 prompt tokens x 64
-output tokens, ignore_eos (benchmarks/served_cpu.py's one_run). It records the burst's output tokens/s and
+output tokens, ignore_eos (benchmarks/served_cpu/run.py's one_run). It records the burst's output tokens/s and
 the CPU seconds per output token of the API server process, the engine core and the load generator, read
 from /proc around the burst. The medians and spreads (min-max) over the rounds go to result.json beside this
 file (with every run) and to stdout as a markdown table. Linux only; run it under the machine's heavy lock.
@@ -13,6 +13,7 @@ file (with every run) and to stdout as a markdown table. Linux only; run it unde
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -24,8 +25,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from served_cpu import one_run  # noqa: E402
+# one run's measurement: benchmarks/served_cpu/run.py
+_spec = importlib.util.spec_from_file_location("served_cpu_run", ROOT / "benchmarks" / "served_cpu" / "run.py")
+_served_cpu = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_served_cpu)
+one_run = _served_cpu.one_run
 
 METRICS = ("output_tok_s", "api_ms_per_token", "engine_ms_per_token", "client_ms_per_token", "p99_ttft_ms")
 
