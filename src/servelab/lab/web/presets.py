@@ -8,6 +8,9 @@ from __future__ import annotations
 _WORKLOAD = dict(model="llama-3.1-70b", gpu="b200", dataset="random", input_len=1024, output_len=256,
                  range_ratio=0.5, request_rate=3, num_prompts=400, burstiness=1.0, seed=0,
                  ttft_target_ms=500, tpot_target_ms=None)
+# no speculative decoding on the evolution path (the page sends both fields, null when its switch is off)
+_NO_SPECULATION = dict(speculative_config=None, spec_acceptance_rate=None)
+_WORKLOAD = {**_WORKLOAD, **_NO_SPECULATION}
 _ONE_GPU = dict(num_gpus=1, tp=1, disaggregate=None)
 _CONTINUOUS = dict(schedule="continuous", max_num_seqs=256)
 
