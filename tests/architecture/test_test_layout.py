@@ -23,3 +23,24 @@ def test_a_folder_with_no_package_is_found(tmp_path):
     for folder in ("core", "web", "integration/x", "core/data"):
         (tmp_path / "tests" / folder).mkdir(parents=True)
     assert unmirrored(tmp_path / "tests", tmp_path / "src") == ["web"]
+
+
+def same_basenames(tests: Path) -> dict[str, list[str]]:
+    """Test modules that share a file name: pytest's default (rootdir) import mode imports both as one module
+    name, so the second fails to collect with 'import file mismatch' in a clean checkout."""
+    seen: dict[str, list[str]] = {}
+    for f in sorted(tests.rglob("test_*.py")):
+        seen.setdefault(f.name, []).append(str(f.relative_to(tests)))
+    return {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
+def test_test_modules_have_unique_names():
+    assert same_basenames(ROOT / "tests") == {}
+
+
+def test_a_repeated_test_module_name_is_found(tmp_path):
+    for folder in ("core", "engine"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "test_x.py").write_text("")
+    (tmp_path / "core" / "test_y.py").write_text("")
+    assert same_basenames(tmp_path) == {"test_x.py": ["core/test_x.py", "engine/test_x.py"]}
