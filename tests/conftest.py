@@ -8,9 +8,14 @@ from pathlib import Path
 # The suite tests the sources as Python, also where `make compiled` built the simulator's compiled modules
 # (SERVELAB_COMPILED=1 runs it compiled); tests/compiled/test_compiled.py reruns the golden checks compiled.
 os.environ.setdefault("SERVELAB_COMPILED", "0")
-
+# Tests that point SERVELAB_CACHE_DIR at a folder of their own (an empty quant or lab cache) still load the one
+# build of the C++ kernels instead of compiling them again (about a minute each) in their folder.
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+from servelab.kernels import kernels_root  # noqa: E402
+
+os.environ.setdefault("SERVELAB_KERNELS_DIR", str(kernels_root()))
 
 from servelab.model.loader import resolve_model_path  # noqa: E402
 
