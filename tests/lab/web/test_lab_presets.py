@@ -31,6 +31,9 @@ def test_the_prefix_router_hits_more_and_answers_sooner_than_least_loaded():
     assert hits > hits_ll + 0.15, (hits, hits_ll)
     assert prefix["metrics"]["median_ttft_ms"] < least_loaded["metrics"]["median_ttft_ms"] / 2
     assert prefix["metrics"]["p99_ttft_ms"] < least_loaded["metrics"]["p99_ttft_ms"]
+    # the figures the card's "watch" line quotes (stage.6.watch in static/i18n/*.json): 47% -> 73%, ~200 -> 34 ms
+    assert (round(hits_ll * 100), round(hits * 100)) == (47, 73)
+    assert 190 <= least_loaded["metrics"]["median_ttft_ms"] <= 210 and round(prefix["metrics"]["median_ttft_ms"]) == 34
     # the same requests arrive either way: only where they are served differs
     assert prefix["metrics"]["completed"] == least_loaded["metrics"]["completed"] == inputs["num_prompts"]
 
