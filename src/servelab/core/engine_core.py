@@ -1,6 +1,6 @@
 """EngineCore: wires scheduler, executor and clock, and is the only caller of schedule / execute / update.
 
-step_fn runs one batch iteration and is chosen once, at construction, as vLLM's EngineCore chooses
+step_fn runs one batch iteration, the one chosen at construction, as vLLM's EngineCore chooses
 step or step_with_batch_queue: step() for a real engine, or step_with_decode_runs() for the lab,
 which prices a multi-step decode run at once when the scheduler's next steps are certain. Either
 sends one StepStats to the stats sink per step or run; Prometheus and the lab's meters read those.
@@ -108,7 +108,6 @@ class EngineCore:
         if decode_runs:
             from servelab.core.decode_runs.planner import DecodeRunPlanner as Planner
             self.decode_runs = Planner(scheduler)
-        self.step_fn: Callable[..., StepOutputs] = self.step_with_decode_runs if decode_runs else self.step
         self.step_request_ids: tuple[str, ...] = ()  # the requests of the step the executor is running
         self.grammars = grammars
         # constrained requests whose grammar is still compiling, in arrival order; they join the scheduler when ready
@@ -181,6 +180,14 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self.grammar_waiting)
+
+    def step_fn(self, horizon: float = math.inf) -> StepOutputs:
+        """The step function chosen at construction: step_with_decode_runs with decode runs, else step. A method
+        and not an attribute holding a bound method, which would be a reference cycle through this core that
+        keeps an engine's weights alive until a full garbage collection."""
+        if self.decode_runs is not None:
+            return self.step_with_decode_runs(horizon)
+        return self.step(horizon)
 
     def step(self, horizon: float = math.inf) -> StepOutputs:
         """One batch iteration; it starts now, so the step functions' horizon (see

@@ -44,6 +44,18 @@ if TYPE_CHECKING:
     from servelab.kv_transfer.p2p_connector import P2PKVConnector
 
 
+class LastStepStats:
+    """The engine core's stats sink: the last step's StepStats."""
+
+    __slots__ = ("stats",)
+
+    def __init__(self) -> None:
+        self.stats: StepStats | None = None
+
+    def __call__(self, stats: StepStats) -> None:
+        self.stats = stats
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, tokenizer: Tokenizer, executor: ModelExecutor,
                  model_name: str, kv_connector: "P2PKVConnector | None" = None) -> None:
@@ -56,10 +68,13 @@ class LLMEngine:
         proposer = NgramProposer(config.speculative) if config.speculative is not None else None
         self._scheduler = Scheduler(config.scheduler, self._block_manager, proposer)
         self.eos_token_ids = tuple(sorted(set(tokenizer.eos_token_ids) | set(config.model.eos_token_ids)))
+        eos_token_ids, vocab_size = self.eos_token_ids, config.model.vocab_size
         self.grammars = StructuredOutputManager(
-            lambda: ll_tokenizer(tokenizer.to_json(), config.model.vocab_size, self.eos_token_ids),
-            config.model.vocab_size)
-        self.core = EngineCore(self._scheduler, executor, WallClock(), stats_sink=self._on_step_stats,
+            lambda: ll_tokenizer(tokenizer.to_json(), vocab_size, eos_token_ids), vocab_size)
+        # Nothing the core holds points back at this engine: a cycle would keep the engine, weights included,
+        # alive after its last user until a full garbage collection (tests/engine/test_engine_lifetime.py).
+        self._step_stats = LastStepStats()
+        self.core = EngineCore(self._scheduler, executor, WallClock(), stats_sink=self._step_stats,
                                grammars=self.grammars)
         self.limits = EngineLimits(config.scheduler.max_model_len, config.model.vocab_size, executor.num_blocks,
                                    config.cache.block_size)
@@ -67,7 +82,6 @@ class LLMEngine:
         self.output_processor = OutputProcessor(tokenizer, cumulative=True)  # the offline face's
         self._samples: dict[str, list[str]] = {}  # request id -> its engine-core requests' ids (n samples)
         self._request_of: dict[str, str] = {}  # engine-core request id -> its request's, until it finished
-        self.last_step_stats: StepStats | None = None
         self._ids = itertools.count()
         self.kv_role = config.kv_transfer.kv_role if config.kv_transfer is not None else ""
         # disaggregated prefill/decode: the KV connector's side of the engine (inert without a connector)
@@ -153,7 +167,7 @@ class LLMEngine:
         return children
 
     def step_core(self) -> list[EngineCoreOutput]:
-        self.last_step_stats = None  # stays None when the step had nothing to run
+        self._step_stats.stats = None  # stays None when the step had nothing to run
         return self._retire(self.core.step().outputs)
 
     def abort_core_request(self, request_id: str) -> list[EngineCoreOutput]:
@@ -210,6 +224,7 @@ class LLMEngine:
         owned, none twice)."""
         self._block_manager.check_invariants()
 
-    def _on_step_stats(self, stats: StepStats) -> None:
-        self.last_step_stats = stats
+    @property
+    def last_step_stats(self) -> StepStats | None:
+        return self._step_stats.stats
 

@@ -23,9 +23,21 @@ def _build_name(here: Path) -> str:
     return f"servelab_cpu_ops_{digest[:10]}"
 
 
+def kernels_root() -> Path:
+    """Where builds live: $SERVELAB_KERNELS_DIR, else $SERVELAB_CACHE_DIR/kernels (default ~/.cache/servelab/kernels),
+    with symlinks resolved. build.ninja records the sources' absolute paths, so one build reached by two path
+    spellings (a symlink, a second cache root) would be recompiled (about a minute) by every load that
+    spells it differently from the last."""
+    env = os.environ.get("SERVELAB_KERNELS_DIR")
+    if env:
+        return Path(env).expanduser().resolve()
+    root = Path(os.environ.get("SERVELAB_CACHE_DIR", Path.home() / ".cache" / "servelab")).expanduser()
+    return (root / "kernels").resolve()
+
+
 def _build_dir(root: Path, name: str) -> Path:
     # named after the sources' contents only: every checkout with the same sources shares one build
-    return root / "kernels" / name
+    return root / name
 
 
 def _staged_sources(build_dir: Path, here: Path) -> Path:
@@ -79,8 +91,7 @@ def cpu_ops():
 
         here = Path(__file__).parent
         name = _build_name(here)
-        root = Path(os.environ.get("SERVELAB_CACHE_DIR", Path.home() / ".cache" / "servelab"))
-        cache = _build_dir(root, name)
+        cache = _build_dir(kernels_root(), name)
         cache.mkdir(parents=True, exist_ok=True)
         _break_stale_lock(cache)
         staged = _staged_sources(cache, here)

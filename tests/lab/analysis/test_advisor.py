@@ -59,7 +59,7 @@ def test_the_autoscaling_decision_cites_the_simulated_comparison_in_both_languag
     # a replica). The TPOT target sits well above an L4's 8B decode step (~100 ms at the memory ceiling), so the
     # autoscaler's TPOT ratio does not pin the replica count at whatever it started with.
     request = api.AdviseRequest(api.DeploymentRequest(model="llama-3.1-8b", gpu="l4", max_num_seqs=16),
-                                WorkloadConfig(input_len=512, output_len=64, rate_schedule="ramp:0=0.5,300=10,600=0.5"),
+                                WorkloadConfig(input_len=512, output_len=64, rate_schedule="ramp:0=0.5,150=10,300=0.5"),
                                 api.TargetsRequest(ttft_target_ms=2000, tpot_target_ms=200), max_gpus=4,
                                 autoscale=autoscale)
     result = api.advise(request)
