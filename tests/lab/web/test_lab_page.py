@@ -126,7 +126,7 @@ def test_stage_6_card_routes_by_prefix_in_both_languages(open_lab, lab_web):
         assert s["body"]["num_gpus"] // s["body"]["tp"] == 4 and s["prefix_len"] == "4096", lang
         assert s["ttft"] == result["meters"]["ttft"]["p99_ms"], lang  # the simulation came back and is shown
         assert hits in s["gateway"], (lang, s["gateway"])
-        assert "--router prefix --dataset prefix-shared --prefix-len 4096 --num-prefixes 64" in s["cli"], lang
+        assert "--router prefix --dataset prefix-shared --prefix-len 4096 --num-prefixes 48" in s["cli"], lang
     assert shown["en"]["label"] == "Stage 6 · KV-cache-aware routing"
     assert shown["zh"]["label"].startswith("第 6 阶段")
     assert shown["en"]["gateway"] == f"prefix router · {hits} hits"

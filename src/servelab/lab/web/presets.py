@@ -31,13 +31,13 @@ _STAGES = [
     # this scale simulates ~60 shapes, ~10 s here
     {**_WORKLOAD, **_CONTINUOUS, "input_len": 4096, "output_len": 512, "request_rate": 8, "num_prompts": 200,
      "ttft_target_ms": 1000, "tpot_target_ms": 10, "num_gpus": 16, "tp": 4, "disaggregate": "2:2"},
-    # 4 replicas of step 4's TP-4 instance behind the prefix-aware router, on chat-like traffic: 64 prefixes
+    # 4 replicas of step 4's TP-4 instance behind the prefix-aware router, on chat-like traffic: 48 prefixes
     # (system prompts, conversation histories) of 4,096 tokens, each request one of them + its own 128 tokens.
-    # Against least-loaded routing on the same inputs: prefix hit rate 47% -> 73%, median TTFT 199 -> 34 ms
-    # (tests/lab/web/test_lab_presets.py). 400 requests of ~4.4 k tokens: ~3 s to simulate, within the advisor's
-    # 2 M-token room
-    {**_WORKLOAD, **_CONTINUOUS, "dataset": "prefix-shared", "prefix_len": 4096, "num_prefixes": 64,
-     "input_len": 128, "output_len": 128, "request_rate": 16, "num_prompts": 400, "num_gpus": 16, "tp": 4,
+    # Against least-loaded routing on the same inputs: prefix hit rate 40% -> 66%, median TTFT 199 -> 35 ms
+    # (tests/lab/web/test_lab_presets.py). 250 requests of ~4.4 k tokens: under a second to simulate, and within
+    # the advisor's 2 M-token room
+    {**_WORKLOAD, **_CONTINUOUS, "dataset": "prefix-shared", "prefix_len": 4096, "num_prefixes": 48,
+     "input_len": 128, "output_len": 128, "request_rate": 12, "num_prompts": 250, "num_gpus": 16, "tp": 4,
      "disaggregate": None, "router": "prefix"},
 ]
 PRESETS = [{"stage": n, "inputs": inputs} for n, inputs in enumerate(_STAGES, start=1)]

@@ -1,7 +1,7 @@
 """The lab page's routes, one APIRouter for `servelab serve` and `servelab lab web` alike:
 
   GET  /lab                 the page (static/index.html; its scripts, styles and data under /lab/static/)
-  GET  /lab/tutorial        the five stages explained, with simulated and measured figures (static/tutorial.html)
+  GET  /lab/tutorial        the six stages explained, with simulated and measured figures (static/tutorial.html)
   GET  /lab/api/catalog     GPU and model ids with their key numbers, the evolution presets, the limits
   POST /lab/api/simulate    what `servelab lab simulate --json` prints for the same inputs, byte for byte
   POST /lab/api/advise      what `servelab lab advise --json` prints

@@ -16,7 +16,8 @@
     const b = window.LabPage.body();
     const body = {
       model: b.model, gpus: GPUS.filter((g) => $(`fr-gpu-${g}`).checked), max_gpus: Number($("fr-max").value) || 8,
-      dataset: b.dataset, num_prompts: Math.min(b.num_prompts, MAX_PROMPTS), input_len: b.input_len,
+      router: b.router, dataset: b.dataset, prefix_len: b.prefix_len, num_prefixes: b.num_prefixes,
+      num_prompts: Math.min(b.num_prompts, MAX_PROMPTS), input_len: b.input_len,
       output_len: b.output_len, range_ratio: b.range_ratio, request_rate: b.request_rate, burstiness: b.burstiness,
       seed: b.seed, ttft_target_ms: b.ttft_target_ms, tpot_target_ms: b.tpot_target_ms,
     };

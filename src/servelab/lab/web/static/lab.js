@@ -17,7 +17,7 @@
   const DEPLOYMENT_FIELDS = ["num_gpus", "tp", "schedule", "disaggregate"];
   // the prefix-shared dataset's shape when the page has none yet (the stage-6 card's)
   const DEFAULT_PREFIX_LEN = 4096;
-  const DEFAULT_NUM_PREFIXES = 64;
+  const DEFAULT_NUM_PREFIXES = 48;
 
   const { t, tn, fmt } = window.LabI18n;
   const { num, pct, gib, ms } = fmt;
