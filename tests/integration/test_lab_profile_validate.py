@@ -1,6 +1,8 @@
 """`servelab lab profile` and `servelab lab validate` end to end on a tiny model: the real engine timed,
 a real server streamed to, the profile saved and used by `--gpu local-cpu`, and the comparison's
-arithmetic checked against its own figures (the figures themselves depend on this machine's speed)."""
+arithmetic checked against its own figures (the figures themselves depend on this machine's speed). The
+engine runs the default model's default mode, int8 weights and int8 KV cache, asked for explicitly (a Hugging
+Face folder's --quantization auto keeps float weights)."""
 import json
 import os
 import subprocess
@@ -8,7 +10,10 @@ import sys
 
 import pytest
 
-ENGINE_FLAGS = ["--max-num-seqs", "4", "--max-num-batched-tokens", "128", "--num-kv-blocks", "256"]
+MODE = ["--quantization", "int8", "--kv-cache-dtype", "int8"]
+ENGINE_FLAGS = ["--max-num-seqs", "4", "--max-num-batched-tokens", "128", "--num-kv-blocks", "256", *MODE]
+# tests/conftest.py TINY_DIMS: 2 layers, K and V of 2 KV heads, rows of head_dim 16 int8 values + a 4-byte scale
+INT8_KV_BYTES_PER_TOKEN = 2 * 2 * 2 * (16 + 4)
 
 
 def servelab(*argv: str, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -32,7 +37,11 @@ def test_profile_saves_a_fitted_profile(profiled):
     data = json.loads(path.read_text())
     e, fit = data["efficiency"], data["fit"]
     assert data["max_num_seqs"] == 4 and data["max_num_batched_tokens"] == 128
-    assert data["kv_cache_bytes"] > 0 and data["dtype"] in ("bfloat16", "float32")
+    assert data["dtype"] in ("bfloat16", "float32")
+    # the profiled mode, and its pool of 256 blocks in int8 rows
+    assert (data["quantization"], data["kv_cache_dtype"]) == ("int8", "int8")
+    assert data["kv_cache_bytes"] == 256 * 16 * INT8_KV_BYTES_PER_TOKEN and data["fit"]["num_kv_blocks"] == 256
+    assert f"mode: --dtype {data['dtype']} --quantization int8 --kv-cache-dtype int8" in out.stdout
     # the layers curve spans the largest step timed; both curves rise with the count
     assert e["layers_curve"]["x"][-1] >= max(s["tokens"] for s in fit["steps"])
     for curve in (e["layers_curve"], e["lm_head_curve"]):
@@ -52,6 +61,7 @@ def test_profile_saves_a_fitted_profile(profiled):
     assert fit["model_shape"][:3] == [64, 128, 2]  # tests/conftest.py TINY_DIMS: hidden, intermediate, layers
     # KV handoffs between two processes: whole blocks of the tiny model, 1 to 64 of them
     kv = data["kv_transfer"]
+    assert kv["bytes_per_block"] == 16 * INT8_KV_BYTES_PER_TOKEN
     assert [b for b, _ in kv["samples"]] == [n * kv["bytes_per_block"] for n in (1, 2, 4, 8, 16, 32, 64)]
     assert all(s > 0 for _, s in kv["samples"]) and kv["bytes_per_s"] > 0 and kv["latency_s"] >= 0
     assert "KV transfer between two processes" in out.stdout
@@ -64,6 +74,8 @@ def test_local_cpu_simulates_the_profiled_model_only(profiled, tiny_llama_dir):
     assert out.returncode == 0, out.stderr
     payload = json.loads(out.stdout)
     assert payload["deployment"]["max_num_seqs"] == 4 and payload["metrics"]["completed"] == 8
+    assert payload["profiled_mode"]["quantization"] == "int8" and payload["deployment"]["kv_cache_dtype"] == "int8"
+    assert payload["meters"]["kv_cache"]["num_blocks"] == 256  # the profile's bytes in int8 rows
     out = servelab("lab", "simulate", "--gpu", "local-cpu", "--model", "llama-3.1-8b", "--num-prompts", "2", env=env)
     assert out.returncode == 2 and "local-cpu profile was measured with" in out.stderr
 
@@ -87,5 +99,8 @@ def test_validate_compares_real_and_simulated(profiled, tiny_llama_dir, tmp_path
             worst = max(worst, abs(err[key]))
     assert payload["max_abs_error"] == pytest.approx(worst)
     assert payload["within_tolerance"] == (worst <= 0.15) and out.returncode == (0 if worst <= 0.15 else 1)
-    assert "--num-kv-blocks 256" in payload["server_args"]  # the profiled engine's pool
+    # both sides run the profiled engine: its mode and its pool
+    assert "--quantization int8 --kv-cache-dtype int8" in payload["server_args"]
+    assert "--num-kv-blocks 256" in payload["server_args"]
+    assert payload["mode"]["quantization"] == "int8" and payload["mode"]["kv_cache_dtype"] == "int8"
     assert (tmp_path / "v" / "v.json").is_file() and (tmp_path / "v" / "v.md").is_file()
