@@ -12,7 +12,10 @@ GIB = 1 << 30
 # does their KV cache unless the KV cache is quantized on its own (--kv-cache-dtype fp8).
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "fp4": 4.5 / 8}
 LOW_PRECISION = ("fp8", "fp4")
-KV_CACHE_DTYPES = ("auto", "fp8")
+KV_CACHE_DTYPES = ("auto", "fp8", "int8")
+# servelab's --kv-cache-dtype int8 (model/attention.py quantize_kv): each K or V row of head_dim int8 values is
+# followed by its fp32 scale
+INT8_KV_SCALE_BYTES = 4
 
 
 def activation_dtype(dtype: str) -> str:
@@ -30,7 +33,7 @@ def precision(dtype: str, quantization: str | None = None) -> str:
 
 def kv_dtype(dtype: str, kv_cache_dtype: str = "auto") -> str:
     """The KV cache's dtype: vLLM's --kv-cache-dtype auto keeps the activations' dtype."""
-    return "fp8" if kv_cache_dtype == "fp8" else activation_dtype(dtype)
+    return kv_cache_dtype if kv_cache_dtype in ("fp8", "int8") else activation_dtype(dtype)
 # Weight-only quantized checkpoints (vLLM --quantization): bytes per decoder matmul weight, with the group
 # scales and zero points. GPTQ int4, group size 128: 4 bits, plus an fp16 scale and a 4-bit zero per 128.
 # Embeddings, LM head, norms, activations and the KV cache keep the dtype.
@@ -226,7 +229,9 @@ class ModelSpec:
         return max(1, kv_heads // tp)
 
     def layer_kv_bytes_per_token(self, dtype: str, tensor_parallel_size: int = 1) -> int:
-        return 2 * self.num_kv_heads_per_rank(tensor_parallel_size) * self.head_dim * DTYPE_BYTES[dtype]  # K and V
+        """dtype: a KV cache dtype (kv_dtype()); int8 rows carry their scale."""
+        row = self.head_dim + INT8_KV_SCALE_BYTES if dtype == "int8" else self.head_dim * DTYPE_BYTES[dtype]
+        return 2 * self.num_kv_heads_per_rank(tensor_parallel_size) * row  # K and V
 
     def kv_bytes_per_token(self, dtype: str, tensor_parallel_size: int = 1) -> int:
         return self.num_hidden_layers * self.layer_kv_bytes_per_token(dtype, tensor_parallel_size)

@@ -1,6 +1,7 @@
 """`servelab serve -dp 2 --router prefix` (tiny model, real HTTP on 127.0.0.1): a request goes to the engine core
 its prompt's prefix was sent to, so a shared prefix is computed once and hit there, block for block; with
-the least-loaded router the same requests miss on the other core."""
+the least-loaded router the same requests miss on the other core. With `--disaggregate 2:1 --router prefix` the
+same holds for the two prefill instances (engines 0 and 1; the decode instance, engine 2, takes every request)."""
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +20,9 @@ def prompt(prefix: list[int], tag: int) -> list[int]:
 
 
 def idle(values: dict) -> bool:
-    return all(values[f"servelab:num_requests_{s}{{engine={i}}}"] == 0 for s in ("running", "waiting") for i in (0, 1))
+    """No request running or waiting on any engine core."""
+    return all(v == 0 for k, v in values.items()
+               if k.startswith(("servelab:num_requests_running{", "servelab:num_requests_waiting{")))
 
 
 async def complete(client: httpx.AsyncClient, ids: list[int], max_tokens: int) -> None:
@@ -47,9 +50,11 @@ def run_pattern(url: str) -> list[float]:
     return [a - b for a, b in zip(hits_per_engine(url), before)]
 
 
-@pytest.mark.parametrize("router", ["prefix", "least-loaded"])
-def test_shared_prefixes_hit_on_the_core_they_were_sent_to(start_server, tiny_llama_dir, router):
-    server = start_server(tiny_llama_dir, *TINY_ENGINE_FLAGS, "-dp", "2", "--router", router)
+@pytest.mark.parametrize("router,layout", [("prefix", ("-dp", "2")), ("least-loaded", ("-dp", "2")),
+                                           ("prefix", ("--disaggregate", "2:1"))],
+                         ids=["prefix", "least-loaded", "prefix-disaggregated"])
+def test_shared_prefixes_hit_on_the_core_they_were_sent_to(start_server, tiny_llama_dir, router, layout):
+    server = start_server(tiny_llama_dir, *TINY_ENGINE_FLAGS, *layout, "--router", router)
     try:
         hits = run_pattern(server.url)
     finally:

@@ -75,10 +75,11 @@ class DeploymentRequest:
             extra = dict(efficiency=profile.efficiency, kv_cache_bytes=profile.kv_cache_bytes)
             if self.speculative_config is not None and self.spec_acceptance_rate is None and profile.spec_decode:
                 extra["spec_acceptance_rate"] = profile.spec_decode["fitted_acceptance_rate"]  # measured here
-            defaults = (profile.max_num_seqs, profile.max_num_batched_tokens, profile.dtype)
+            # the profiled engine's KV cache (its fitted KV term prices those bytes)
+            defaults = (profile.max_num_seqs, profile.max_num_batched_tokens, profile.dtype, profile.kv_cache_dtype)
         else:
             extra = dict(efficiency=self._calibrated_efficiency(device))
-            defaults = (DEFAULT_MAX_NUM_SEQS, DEFAULT_MAX_NUM_BATCHED_TOKENS, "bfloat16")
+            defaults = (DEFAULT_MAX_NUM_SEQS, DEFAULT_MAX_NUM_BATCHED_TOKENS, "bfloat16", "auto")
         prefill, decode = self.disaggregate or (0, 0)
         num_gpus = self.num_gpus if self.num_gpus is not None else max(1, prefill + decode) * self.tp
         return Deployment(
@@ -89,7 +90,8 @@ class DeploymentRequest:
             block_size=self.block_size, router=self.router, dtype=self.dtype or defaults[2],
             enable_prefix_caching=self.enable_prefix_caching, cuda_graphs=self.cuda_graphs,
             num_scheduler_steps=self.num_scheduler_steps, mixed_batches=self.mixed_batches,
-            quantization=self.quantization, kv_cache_dtype=self.kv_cache_dtype,
+            quantization=self.quantization,
+            kv_cache_dtype=defaults[3] if self.kv_cache_dtype == "auto" else self.kv_cache_dtype,
             first_token_from_decode=self.first_token_from_decode, async_output=self.async_output,
             speculative=self._speculative(), **{"spec_acceptance_rate": self.spec_acceptance_rate, **extra},
         )
@@ -103,6 +105,15 @@ class DeploymentRequest:
         except ValueError as err:
             raise FieldError(f"{{speculative_config}}: {str(err).removeprefix('--speculative-config ')}",
                              "speculative_config") from None
+
+    def profiled_mode(self) -> dict | None:
+        """On local-cpu, the engine mode the profile measured and the simulation prices (its curves are that
+        mode's steps); None on a catalog GPU."""
+        if self.gpu != LOCAL_CPU:
+            return None
+        from servelab.lab.catalog.cpu_profile import load_cpu_profile
+        p = load_cpu_profile()
+        return {"dtype": p.dtype, "quantization": p.quantization, "kv_cache_dtype": p.kv_cache_dtype, "flags": p.mode}
 
     def error_bands(self, e: Evaluation) -> dict | None:
         """The bands of an evaluation of this deployment (None where it has none: a CPU profile, no fit)."""
@@ -203,11 +214,14 @@ class SimulateResult:
     slo_misses: dict | None = None
     engine: str = DEFAULT_ENGINE
     error_bands: dict | None = None  # analysis/error_band.py; None: a measured CPU profile, or it does not fit
+    profiled_mode: dict | None = None  # local-cpu: the profiled engine's mode (DeploymentRequest.profiled_mode)
 
     def to_json(self) -> dict:
         out = {**self.evaluation.to_json(), "workload": workload_json(self.workload), "engine": self.engine}
         if self.error_bands is not None:
             out["error_bands"] = self.error_bands
+        if self.profiled_mode is not None:
+            out["profiled_mode"] = self.profiled_mode
         if self.autoscaling is not None:
             out["autoscaling"] = self.autoscaling.to_json()
         if self.slo_misses is not None:
@@ -257,7 +271,7 @@ def simulate(request: SimulateRequest) -> SimulateResult:
     if request.slo_attribution and e.fits:
         misses = attribute_slo_misses(e.result, targets.ttft_ms, targets.tpot_ms)
     return SimulateResult(e, request.workload, outcome, misses, request.deployment.engine,
-                          request.deployment.error_bands(e))
+                          request.deployment.error_bands(e), request.deployment.profiled_mode())
 
 
 def advise(request: AdviseRequest) -> AdviseResult:

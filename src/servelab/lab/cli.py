@@ -58,7 +58,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="bfloat16 (default on GPUs), float16, float32, fp8 (W8A8 checkpoint: fp8 GEMMs where the GPU "
                         "has them) or fp4 (NVFP4: fp4 GEMMs on Blackwell)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
-                   help="auto: the activations' dtype; fp8 halves a bf16 cache (vLLM --kv-cache-dtype)")
+                   help="auto: the activations' dtype (on local-cpu: the profiled engine's); fp8 halves a bf16 "
+                        "cache (vLLM --kv-cache-dtype); int8: servelab's int8 rows, an fp32 scale each")
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -265,7 +266,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(api.format_json(result.to_json()))
     else:
-        print(format_evaluation(result.evaluation, describe(result.workload)))
+        text = format_evaluation(result.evaluation, describe(result.workload))
+        if result.profiled_mode is not None:  # under the deployment's line: the mode the profile measured
+            head, _, rest = text.partition("\n")
+            text = f"{head}\nmode: {result.profiled_mode['flags']} (the local-cpu profile's engine)\n{rest}"
+        print(text)
         for line in format_extras(result):
             print(line)
     return 0 if result.evaluation.fits else api.DOES_NOT_FIT

@@ -1,8 +1,10 @@
 """The CPU profile that `--gpu local-cpu` reads: format, location, loading, and a simulation with it."""
 import json
+from dataclasses import replace
 
 import pytest
 
+from servelab.engine_args import EngineArgs
 from servelab.executor.efficiency import Efficiency
 from servelab.executor.curve import PiecewiseLinear
 from servelab.lab.catalog import LOCAL_CPU, get_device, get_model
@@ -63,8 +65,6 @@ def test_local_cpu_refuses_a_model_it_did_not_measure(tmp_path, monkeypatch, cap
 
 
 def test_kv_transfer_figures_round_trip_and_are_required_for_stage_5(tmp_path, monkeypatch):
-    from dataclasses import replace
-
     monkeypatch.setenv("SERVELAB_CACHE_DIR", str(tmp_path))
     save_cpu_profile(make_profile())
     with pytest.raises(ValueError, match="no KV-transfer figures"):
@@ -75,8 +75,6 @@ def test_kv_transfer_figures_round_trip_and_are_required_for_stage_5(tmp_path, m
 
 
 def test_stage_5_simulation_prices_the_measured_link_on_shared_cores():
-    from dataclasses import replace
-
     from servelab.lab.calibrate.validate import shared_cores, simulated_metrics
     from servelab.workload import WorkloadConfig
 
@@ -123,3 +121,80 @@ def test_the_step_grid_keeps_each_shapes_median_round(monkeypatch):
                              executor=SimpleNamespace(num_blocks=8))
     samples = step_timing.measure_steps(engine, repeats=3)
     assert [s.seconds for s in samples] == [2.0, 4.0]  # the medians of (3, 1, 2) and (1, 5, 4)
+
+
+# ---- the engine mode a profile measures (weights and KV cache dtype)
+
+def test_an_int8_kv_profile_gives_the_engines_blocks_for_the_same_bytes(tiny_llama_dir):
+    """The lab turns the profile's KV bytes into blocks as the engine turns its KV memory into blocks: an int8
+    cache row is head_dim int8 values and an fp32 scale."""
+    from servelab.engine.llm_engine import LLMEngine
+    from servelab.executor.model_executor import kv_cache_bytes
+
+    spec = get_model(str(tiny_llama_dir))
+    for kv_cache_dtype in ("int8", "auto"):
+        args = EngineArgs(model=str(tiny_llama_dir), quantization="none", kv_cache_dtype=kv_cache_dtype,
+                          kv_cache_memory=0.002)
+        engine = LLMEngine.from_engine_args(args)
+        profile = replace(make_profile(), kv_cache_bytes=kv_cache_bytes(engine.config.cache), dtype=engine.config.dtype,
+                          kv_cache_dtype=kv_cache_dtype, fit={"block_size": engine.config.cache.block_size})
+        assert profile.num_kv_blocks(spec) == engine.executor.num_blocks
+        cache = engine.executor.kv_caches[0]  # (K and V, blocks, block slots, KV heads, row)
+        per_token = spec.num_hidden_layers * cache[:, 0, 0].numel() * cache.element_size()
+        assert spec.kv_bytes_per_token(profile.kv_dtype) == per_token
+    # the default model: 30 layers x K and V x 3 KV heads x (64 values + 4 scale bytes), against 2 bytes each
+    smollm = get_model("smollm2-135m")
+    assert smollm.kv_bytes_per_token("int8") == 12240 and smollm.kv_bytes_per_token("bfloat16") == 23040
+
+
+def test_validate_serves_the_profiled_mode():
+    from servelab.lab.calibrate.validate import profile_server_args
+
+    spec = get_model("smollm2-135m")
+    profile = replace(make_profile(), quantization="int8", kv_cache_dtype="int8", fit={"block_size": 16})
+    assert profile_server_args(profile, spec) == (
+        "--dtype bfloat16 --quantization int8 --kv-cache-dtype int8 --max-num-batched-tokens 1024 "
+        f"--block-size 16 --num-kv-blocks {(2 << 30) // (12240 * 16)}")
+    assert "--quantization none --kv-cache-dtype auto" in profile_server_args(make_profile(), spec)
+
+
+def test_a_profile_without_the_mode_loads_as_float(tmp_path, monkeypatch):
+    monkeypatch.setenv("SERVELAB_CACHE_DIR", str(tmp_path))
+    path = save_cpu_profile(replace(make_profile(), quantization="int8", kv_cache_dtype="int8"))
+    data = json.loads(path.read_text())
+    assert (data["quantization"], data["kv_cache_dtype"]) == ("int8", "int8")
+    assert (load_cpu_profile().quantization, load_cpu_profile().kv_cache_dtype) == ("int8", "int8")
+    del data["quantization"], data["kv_cache_dtype"]  # as profiles measured before the fields were
+    path.write_text(json.dumps(data))
+    old = load_cpu_profile()
+    assert (old.quantization, old.kv_cache_dtype, old.kv_dtype) == ("none", "auto", "bfloat16")
+    assert old.num_kv_blocks(get_model("smollm2-135m")) == (2 << 30) // (23040 * 16)
+
+
+def test_local_cpu_simulation_prices_and_reports_the_profiled_mode(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SERVELAB_CACHE_DIR", str(tmp_path))
+    save_cpu_profile(replace(make_profile(), quantization="int8", kv_cache_dtype="int8"))
+    flags = ["simulate", "--model", "smollm2-135m", "--gpu", LOCAL_CPU, "--num-prompts", "4", "--input-len", "64",
+             "--output-len", "8"]
+    assert main([*flags, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["profiled_mode"] == {"dtype": "bfloat16", "quantization": "int8", "kv_cache_dtype": "int8",
+                                        "flags": "--dtype bfloat16 --quantization int8 --kv-cache-dtype int8"}
+    assert payload["deployment"]["kv_cache_dtype"] == "int8"
+    assert payload["meters"]["kv_cache"]["num_blocks"] == (2 << 30) // (12240 * 16)  # int8 rows and their scales
+    assert main(flags) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "mode: --dtype bfloat16 --quantization int8 --kv-cache-dtype int8 (the local-cpu profile's engine)"
+
+
+def test_profile_resolves_auto_as_serve_does(monkeypatch):
+    import servelab.kernels
+    from servelab.lab.calibrate.profile_run import profiled_engine_args
+
+    monkeypatch.setattr(servelab.kernels, "cpu_ops", lambda: object())  # the kernels built
+    mode = lambda **kw: (lambda a: (a.quantization, a.kv_cache_dtype))(profiled_engine_args(EngineArgs(**kw)))  # noqa: E731
+    assert mode() == ("int8", "int8")  # the default model's default mode
+    assert mode(kv_cache_dtype="int8", quantization="none") == ("none", "int8")  # asked for: kept
+    assert mode(dtype="float32") == ("none", "auto")  # --dtype asks for float weights
+    monkeypatch.setattr(servelab.kernels, "cpu_ops", lambda: None)
+    assert mode() == ("none", "auto")  # no kernels: serve runs float weights, so the profile does

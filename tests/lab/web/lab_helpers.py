@@ -37,7 +37,7 @@ TECHNICAL_TERMS = frozenset("""
     kv cache batch batching continuous static paged attention pagedattention prefill decode chunked ttft tpot e2e
     gpu gpus cpu throughput token tokens tensor parallel tp step slot block pool all-reduce ring dense nvlink pcie
     workload prompt worker goodput slo flop flops llm api json key value rank kernel activation batcher in-flight
-    pipeline head grouped-query gamma profile random sharegpt-like local-cpu advisor
+    pipeline head grouped-query gamma profile random sharegpt-like prefix-shared local-cpu advisor
     vllm orca sarathi-serve megatron-lm tensorrt-llm triton nvidia distserve splitwise osdi sosp isca kwon xgrammar mlsys
     keda hpa kubernetes dynamo aiconfigurator vidur vidur-search mlsys llm-d sglang mooncake
     servelab lab serving benchmark en ms gib mib tb tok req torch curl authorization bearer

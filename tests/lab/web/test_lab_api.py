@@ -52,7 +52,7 @@ def test_catalog_lists_the_catalogs_presets_and_limits(lab_web):
     assert h100["memory_gib"] == 80 and h100["bf16_tflops"] == pytest.approx(989)
     llama70 = next(m for m in catalog["models"] if m["id"] == "llama-3.1-70b")
     assert llama70["weight_gib_bf16"] == pytest.approx(131.4, abs=0.1) and llama70["num_key_value_heads"] == 8
-    assert [p["stage"] for p in catalog["presets"]] == [1, 2, 3, 4, 5]
+    assert [p["stage"] for p in catalog["presets"]] == [1, 2, 3, 4, 5, 6]
     assert catalog["defaults"] == catalog["presets"][catalog["default_stage"] - 1]["inputs"]
     assert catalog["limits"]["num_prompts"] == 5000
     assert catalog["live_engine"] is None  # no model behind `lab web`
@@ -121,6 +121,11 @@ def test_advise_is_byte_identical_to_the_command(lab_web, capsys):
      "num_speculative_tokens"),
     ("simulate", {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative_config",
      "spec_acceptance_rate"),
+    ("simulate", {"router": "random"}, "router", "least-loaded"),
+    ("simulate", {"dataset": "prefix-shared", "prefix_len": 40000}, "prefix_len", "32768"),
+    ("simulate", {"dataset": "prefix-shared", "num_prefixes": 0}, "num_prefixes", "5000"),
+    ("simulate", {"dataset": "random", "prefix_len": 512}, "prefix_len", "prefix-shared"),
+    ("advise", {"ttft_target_ms": 500, "router": "nearest"}, "router", "prefix"),
     ("advise", {"ttft_target_ms": None}, "ttft_target_ms", "advise needs ttft_target_ms"),
     ("advise", {"ttft_target_ms": 500, "max_gpus": 1000}, "max_gpus", "64"),
 ])

@@ -8,6 +8,8 @@ import json
 import re
 
 from lab_helpers import TIMEOUT_MS, api_simulate
+
+from servelab.lab.analysis.slo_attribution import PARTS
 from test_lab_languages import english_left, screenshot_dir, wait_for_advice
 
 AUTOSCALE_TIMEOUT_MS = 4 * TIMEOUT_MS  # two simulations of ~2,000 requests each on a shared machine
@@ -48,8 +50,8 @@ def test_autoscaling_plots_follow_a_ramp_and_read_in_both_languages(open_lab, la
     answer = api_simulate(lab_web.url, request)
     assert answer["autoscaling"]["timeline"]["mixed"]["num_ready"] == replicas
     legend = page.locator("#as-misses-legend li")
-    assert legend.count() == 5
-    for i, part in enumerate(("queued", "prefill", "kv_transfer", "decode_interference", "decode")):
+    assert legend.count() == len(PARTS)
+    for i, part in enumerate(PARTS):
         assert page.get_attribute(f"#as-misses-legend li:nth-child({i + 1})", "data-part") == part
         shown = float(re.search(r"([\d.]+)%", legend.nth(i).inner_text())[1])
         assert abs(shown - answer["slo_misses"]["share"][part] * 100) <= 0.5

@@ -23,9 +23,10 @@ LANGUAGES = ("en", "zh")
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
 CJK = re.compile(r"[\u4e00-\u9fff]")
 # Keys the scripts build from parts (`stage.${n}.title`), listed here from the values those parts take.
-STAGES = range(1, 6)
-WALK_METERS = ("kv", "weights", "ttft", "tpot", "throughput", "decode", "slots", "queue", "goodput", "transfer")
-WALK_CAUSES = ("batch", "continuous", "tp", "pd", "back", "side")  # walkthrough.js causes(), and the fallback
+STAGES = range(1, 7)
+WALK_METERS = ("kv", "weights", "ttft", "tpot", "throughput", "decode", "slots", "queue", "goodput", "transfer",
+               "hits")
+WALK_CAUSES = ("batch", "continuous", "tp", "pd", "prefix", "back", "side")  # walkthrough.js causes(), and the fallback
 DYNAMIC_KEYS = (
     [f"stage.{n}.{part}" for n in STAGES for part in ("title", "summary", "watch", "name")]
     + [f"tut.s{n}.{part}" for n in STAGES for part in ("change", "why", "meters", "decision", "limits")]
@@ -35,6 +36,8 @@ DYNAMIC_KEYS = (
     + [f"walk.move.{d}" for d in ("up", "down", "appear", "vanish")]
     + [f"in.note.{s}" for s in ("serial", "static", "continuous")]
     + [f"box.scheduler_{s}" for s in ("serial", "static", "continuous")]
+    + [f"in.router_note.{r}" for r in ("round_robin", "least_loaded", "prefix")]  # lab.js routerKey()
+    + [f"box.router_{r}" for r in ("least_loaded", "prefix")]
     + [f"bottleneck.{b}" for b in ("kv_cache", "weights", "decode_throughput", "batch_slots", "ttft", "tpot", "goodput",
                                    "preemptions", "queue", "step_time", "kv_transfer")]
     + ["walk.steady.pd.tpot"]

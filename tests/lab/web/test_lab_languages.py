@@ -112,7 +112,7 @@ def test_in_chinese_no_english_sentence_is_left_in_the_tutorial(open_lab, lab_we
     screenshot(page, shots, "tutorial-zh.png")
     page.click("#lang-en")
     page.wait_for_function("document.documentElement.lang === 'en'")
-    assert page.inner_text("h1") == "How an LLM server grows, in five stages"
+    assert page.inner_text("h1") == "How an LLM server grows, in six stages"
     screenshot(page, shots, "tutorial-en.png")
     with Image.open(shots / "tutorial-zh.png") as image:
         assert image.width == SCREENSHOT_WIDTH and image.height > 3000
@@ -135,7 +135,7 @@ def test_the_language_survives_a_reload_and_follows_links(open_lab, lab_web):
 
     page.goto(f"{lab_web.url}/lab/tutorial")
     page.wait_for_function("document.body.dataset.status === 'ready'", timeout=TIMEOUT_MS)
-    assert html_lang(page) == "zh-CN" and page.inner_text("h1") == "LLM 服务器是怎样长大的：五个阶段"
+    assert html_lang(page) == "zh-CN" and page.inner_text("h1") == "LLM 服务器是怎样长大的：六个阶段"
 
     page.goto(f"{lab_web.url}/lab/tutorial?lang=en")  # a link wins over the remembered choice, and is remembered
     page.wait_for_function("document.body.dataset.status === 'ready'", timeout=TIMEOUT_MS)

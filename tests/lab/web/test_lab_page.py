@@ -102,6 +102,38 @@ def test_stage_4_card_shards_the_weights_and_lights_the_shards(open_lab, lab_web
     assert transfer == api_simulate(lab_web.url, body)["meters"]["kv_transfer"]["mean_ms"]
 
 
+def test_stage_6_card_routes_by_prefix_in_both_languages(open_lab, lab_web):
+    shown = {}
+    for lang in ("zh", "en"):  # English last: the page remembers the language for the tests after this one
+        page = open_lab(lab_web.url, f"/lab?lang={lang}")
+        page.click("#stage-card-6")
+        body = wait_for_result(page, "body.router === 'prefix'")
+        # read what the page shows at once, and leave before it asks the advisor (dozens of 16-GPU shapes)
+        shown[lang] = {
+            "router": page.input_value("#in-router"), "label": page.inner_text("#stage-label"),
+            "card": [page.inner_text(f"#stage-card-6 .{part}") for part in ("title", "summary", "watch")],
+            "current": "current" in page.get_attribute("#stage-card-6", "class").split(),
+            "gateway": page.text_content("#sub-gateway"), "gateway_new": "new" in page.get_attribute("#box-gateway", "class"),
+            "prefix_len": page.input_value("#in-prefix-len") if page.is_visible("#in-prefix-len") else None,
+            "ttft": meter_value(page, "ttft"), "cli": page.inner_text("#cli-command"), "body": body,
+        }
+        page.goto("about:blank")
+    result = api_simulate(lab_web.url, shown["en"]["body"])
+    hits = f"{result['meters']['prefix_cache']['hit_rate'] * 100:.0f}%"
+    for lang, s in shown.items():
+        assert s["router"] == "prefix" and s["current"] and s["gateway_new"], lang
+        assert s["body"] == shown["en"]["body"] and s["body"]["dataset"] == "prefix-shared", lang
+        assert s["body"]["num_gpus"] // s["body"]["tp"] == 4 and s["prefix_len"] == "4096", lang
+        assert s["ttft"] == result["meters"]["ttft"]["p99_ms"], lang  # the simulation came back and is shown
+        assert hits in s["gateway"], (lang, s["gateway"])
+        assert "--router prefix --dataset prefix-shared --prefix-len 4096 --num-prefixes 64" in s["cli"], lang
+    assert shown["en"]["label"] == "Stage 6 · KV-cache-aware routing"
+    assert shown["zh"]["label"].startswith("第 6 阶段")
+    assert shown["en"]["gateway"] == f"prefix router · {hits} hits"
+    assert all(en != zh for en, zh in zip(shown["en"]["card"], shown["zh"]["card"]))  # translated
+    assert "least-loaded" in shown["en"]["card"][2] and "最少负载" in shown["zh"]["card"][2]
+
+
 def test_moving_a_slider_reruns_the_simulation(open_lab, lab_web):
     page = open_lab(lab_web.url)
     before = meter_value(page, "decode")

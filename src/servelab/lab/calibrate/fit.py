@@ -27,7 +27,7 @@ from servelab.executor.efficiency import Efficiency
 from servelab.executor.curve import PiecewiseLinear
 from servelab.lab.catalog import LOCAL_CPU
 from servelab.sampling_params import SamplingParams
-from servelab.specs import DTYPE_BYTES, DeviceSpec, ModelSpec
+from servelab.specs import DTYPE_BYTES, DeviceSpec, ModelSpec, kv_dtype
 
 # (num_computed_tokens, num_new_tokens, sample) of each request in a step, as a StepPlan holds them.
 StepShape = list[tuple[int, int, bool]]
@@ -65,25 +65,29 @@ class StepFit:
 
 
 def fitted_device(fit: StepFit, model: ModelSpec, dtype: str, name: str = "this machine's CPU",
-                  memory_bytes: int = 0) -> DeviceSpec:
+                  memory_bytes: int = 0, quantization: str = "none") -> DeviceSpec:
     """Effective FLOP/s from the layers curve's slope at its largest knots, effective weight-streaming
-    bandwidth from one token's step (the layers' weights read once): what the meters call capacity."""
+    bandwidth from one token's step (the layers' weights read once, a byte each under --quantization int8):
+    what the meters call capacity."""
     xs, ys = fit.layers.xs, fit.layers.ys
     slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
     layer_params = model.decoder_matmul_params
     flops = 2 * layer_params / slope if slope > 0 else 1e12
     one_token = fit.layers(1)
-    bandwidth = layer_params * DTYPE_BYTES[dtype] / one_token if one_token > 0 else 1e12
+    weight_bytes = 1 if quantization == "int8" else DTYPE_BYTES[dtype]
+    bandwidth = layer_params * weight_bytes / one_token if one_token > 0 else 1e12
     return DeviceSpec(id=LOCAL_CPU, name=name, flops=flops, memory_bandwidth=bandwidth, memory_bytes=memory_bytes,
                       interconnect="none", interconnect_bandwidth=0.0, network_bandwidth=0.0, gpus_per_node=1,
                       source="servelab lab profile")
 
 
-def fitted_efficiency(fit: StepFit, model: ModelSpec, device: DeviceSpec, dtype: str) -> Efficiency:
+def fitted_efficiency(fit: StepFit, model: ModelSpec, device: DeviceSpec, dtype: str,
+                      kv_cache_dtype: str = "auto") -> Efficiency:
     """The measured curves and constants as the cost model reads them: attention and kv_memory are the
-    fractions of the device's figures that give pair_cost and kv_cost."""
+    fractions of the device's figures that give pair_cost and kv_cost (kv_cost over the bytes of a token
+    in the cache's dtype, as the cost model prices them)."""
     flops_per_pair = model.num_hidden_layers * model.layer_score_flops_per_pair()
-    kv_bytes = model.kv_bytes_per_token(dtype)
+    kv_bytes = model.kv_bytes_per_token(kv_dtype(dtype, kv_cache_dtype))
     return Efficiency(
         matmul=1.0, memory=1.0, interconnect=1.0, allreduce_latency_s=0.0,
         attention=flops_per_pair / (fit.pair_cost_s * device.flops) if fit.pair_cost_s else 1.0,
@@ -92,10 +96,11 @@ def fitted_efficiency(fit: StepFit, model: ModelSpec, device: DeviceSpec, dtype:
         layers_curve=fit.layers, lm_head_curve=fit.lm_head)
 
 
-def fitted_cost_model(fit: StepFit, model: ModelSpec, dtype: str) -> CostModel:
+def fitted_cost_model(fit: StepFit, model: ModelSpec, dtype: str, kv_cache_dtype: str = "auto") -> CostModel:
     """The cost model of the fitted steps alone (no serving overhead)."""
     device = fitted_device(fit, model, dtype)
-    return CostModel(model, device, fitted_efficiency(fit, model, device, dtype), dtype=dtype)
+    return CostModel(model, device, fitted_efficiency(fit, model, device, dtype, kv_cache_dtype), dtype=dtype,
+                     kv_cache_dtype=kv_cache_dtype)
 
 
 def knots_for(values: list[int]) -> tuple[int, ...]:
@@ -147,7 +152,7 @@ def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
     return x
 
 
-def fit_steps(samples: list[TimedStep], model: ModelSpec, dtype: str) -> StepFit:
+def fit_steps(samples: list[TimedStep], model: ModelSpec, dtype: str, kv_cache_dtype: str = "auto") -> StepFit:
     if len(samples) < 4:
         raise ValueError(f"need at least 4 timed steps to fit the cost model, got {len(samples)}")
     totals = [s.totals for s in samples]
@@ -180,6 +185,6 @@ def fit_steps(samples: list[TimedStep], model: ModelSpec, dtype: str) -> StepFit
         lm_head=PiecewiseLinear(tuple(head_knots), tuple(np.cumsum(solution[1 + nt:1 + nt + nh]).tolist())),
         request_overhead_s=float(solution[0]), pair_cost_s=float(solution[-2]), kv_cost_s=float(solution[-1]),
         mean_abs_rel_error=0.0, max_abs_rel_error=0.0)
-    cost_model = fitted_cost_model(fit, model, dtype)
+    cost_model = fitted_cost_model(fit, model, dtype, kv_cache_dtype)
     errors = [abs(cost_model.price(s.totals)["total"] / s.seconds - 1) for s in samples]
     return replace(fit, mean_abs_rel_error=float(np.mean(errors)), max_abs_rel_error=float(np.max(errors)))

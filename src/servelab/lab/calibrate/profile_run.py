@@ -38,10 +38,20 @@ def profiled_model_spec(model: str | None):
     return get_model(str(resolve_model_path(model)))
 
 
-def measure_kv_transfer_of(spec, dtype: str, block_size: int, repeats: int, log) -> dict:
+def profiled_engine_args(args: EngineArgs) -> EngineArgs:
+    """The engine args with --quantization auto resolved as `servelab serve` resolves it (int8 weights and
+    KV cache for the default model where servelab's kernels are built), so the profile times the mode the
+    engine runs; an explicit --quantization / --kv-cache-dtype is kept."""
+    from servelab.model.quant.auto_quantization import resolve_quantization
+
+    choice = resolve_quantization(args)
+    return dataclasses.replace(args, quantization=choice.mode, kv_cache_dtype=choice.kv_cache_dtype)
+
+
+def measure_kv_transfer_of(spec, kv_dtype: str, block_size: int, repeats: int, log) -> dict:
     from servelab.lab.calibrate.kv_transfer_timing import measure_kv_transfer
 
-    bytes_per_block = block_size * spec.kv_bytes_per_token(dtype)
+    bytes_per_block = block_size * spec.kv_bytes_per_token(kv_dtype)
     log(f"timing KV transfers between two processes (gloo send/recv, 1-64 blocks of {bytes_per_block} bytes)")
     fit = measure_kv_transfer(bytes_per_block, repeats=repeats)
     return {"latency_s": fit.latency_s, "bytes_per_s": fit.bytes_per_s, "bytes_per_block": bytes_per_block,
@@ -62,7 +72,7 @@ def cmd_profile_kv_transfer(args: argparse.Namespace) -> int:
     spec = profiled_model_spec(args.model)
     profile.check_model(spec)
     log = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    kv = measure_kv_transfer_of(spec, profile.dtype, profile.fit.get("block_size", 16), args.repeats, log)
+    kv = measure_kv_transfer_of(spec, profile.kv_dtype, profile.block_size, args.repeats, log)
     path = save_cpu_profile(dataclasses.replace(profile, kv_transfer=kv))
     print(f"saved {path}")
     print(_kv_line(kv))
@@ -127,29 +137,29 @@ def cmd_profile(args: argparse.Namespace) -> int:
     # the steps are timed without speculation (the lab prices verify steps by their rows); its acceptance
     # is measured at the end
     spec_args = EngineArgs.from_cli_args(args)
-    engine_args = dataclasses.replace(spec_args, speculative_config=None)
-    if engine_args.quantization == "auto":  # the cost model prices float weights and KV: profile those
-        engine_args = dataclasses.replace(engine_args, quantization="none")
+    engine_args = profiled_engine_args(dataclasses.replace(spec_args, speculative_config=None))
     if engine_args.schedule != "continuous":
         raise ValueError("profile the engine with --schedule continuous; the lab selects stages itself")
     spec = profiled_model_spec(args.model)
     engine = LLMEngine.from_engine_args(engine_args)
     log = (lambda line: None) if args.json else (lambda line: print(line, file=sys.stderr, flush=True))
-    log(f"profiling {spec.name} ({engine.config.dtype}, max-num-seqs {engine_args.max_num_seqs}, "
+    log(f"profiling {spec.name} (--quantization {engine_args.quantization} --kv-cache-dtype "
+        f"{engine_args.kv_cache_dtype}, {engine.config.dtype}, max-num-seqs {engine_args.max_num_seqs}, "
         f"max-num-batched-tokens {engine_args.max_num_batched_tokens}, {engine.executor.num_blocks} KV blocks)")
     samples = measure_steps(engine, repeats=args.repeats, quick=args.quick, progress=log)
-    fit = fit_steps(samples, spec, engine.config.dtype)
+    fit = fit_steps(samples, spec, engine.config.dtype, engine_args.kv_cache_dtype)
     log(f"step fit over {len(samples)} shapes: mean error {fit.mean_abs_rel_error:.1%}, "
         f"max {fit.max_abs_rel_error:.1%}")
     # The server phase builds its own engine in another process: give this one's memory back first.
     config, num_blocks = engine.config, engine.executor.num_blocks
     del engine
     gc.collect()
-    overhead = measure_serving_overhead(engine_args, fitted_cost_model(fit, spec, config.dtype), progress=log)
+    overhead = measure_serving_overhead(engine_args, fitted_cost_model(fit, spec, config.dtype,
+                                                                       engine_args.kv_cache_dtype), progress=log)
     profile = build_profile(config, num_blocks, spec, samples, fit, overhead)
     # how it was measured, so `lab validate` can measure it again the same way
     profile = replace(profile, fit={**profile.fit, "quick": bool(args.quick), "repeats": args.repeats})
-    kv = measure_kv_transfer_of(spec, config.dtype, config.cache.block_size, args.repeats, log)
+    kv = measure_kv_transfer_of(spec, profile.kv_dtype, config.cache.block_size, args.repeats, log)
     profile = replace(profile, kv_transfer=kv)
     profile = replace(profile, efficiency=replace(profile.efficiency, all_reduce=measure_all_reduce(progress=log)))
     if spec_args.speculative() is not None:
@@ -160,6 +170,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return 0
     d, e = profile.device, profile.efficiency
     print(f"saved {path}")
+    print(f"  mode: {profile.mode}")
     print(f"  {d.name}: effective {d.flops / 1e9:.1f} GFLOP/s (large batches), weight streaming "
           f"{d.memory_bandwidth / 1e9:.1f} GB/s (one token)")
     print(f"  step fit over {len(samples)} shapes: mean error {fit.mean_abs_rel_error:.1%}, "

@@ -39,7 +39,7 @@ def server_flags(args: EngineArgs) -> list[str]:
     """`servelab serve` flags that build the same engine as args (the model is passed separately)."""
     flags = []
     for name in ("dtype", "schedule", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_memory",
-                 "block_size", "num_kv_blocks", "num_threads"):
+                 "block_size", "num_kv_blocks", "num_threads", "quantization", "kv_cache_dtype"):
         value = getattr(args, name)
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]

@@ -24,7 +24,7 @@ from servelab.lab.calibrate.fit import (StepFit, TimedStep, StepShape, fitted_de
                                         step_sample)
 from servelab.lab.catalog.cpu_profile import CpuProfile, model_shape
 from servelab.sampling_params import SamplingParams
-from servelab.specs import ModelSpec
+from servelab.specs import ModelSpec, kv_dtype
 
 DECODE_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 DECODE_CONTEXTS = (32, 512)
@@ -139,12 +139,15 @@ def build_profile(cfg, num_blocks: int, model: ModelSpec, samples: list[TimedSte
     steps plus the serving overhead (see lab/serving_overhead.py)."""
     from servelab.executor.model_executor import os_total_memory
 
-    device = fitted_device(fit, model, cfg.dtype, f"this machine's CPU ({_cpu_name()})", os_total_memory())
-    efficiency = replace(fitted_efficiency(fit, model, device, cfg.dtype), overhead_curve=overhead["curve"],
-                         arrival_overhead_s=overhead.get("arrival_s", 0.0))
+    quantization, kv_cache_dtype = cfg.quantization or "none", cfg.cache.cache_dtype
+    device = fitted_device(fit, model, cfg.dtype, f"this machine's CPU ({_cpu_name()})", os_total_memory(),
+                           quantization)
+    efficiency = replace(fitted_efficiency(fit, model, device, cfg.dtype, kv_cache_dtype),
+                         overhead_curve=overhead["curve"], arrival_overhead_s=overhead.get("arrival_s", 0.0))
+    kv_bytes_per_token = model.kv_bytes_per_token(kv_dtype(cfg.dtype, kv_cache_dtype))
     return CpuProfile(
-        device=device, efficiency=efficiency,
-        kv_cache_bytes=num_blocks * cfg.cache.block_size * model.kv_bytes_per_token(cfg.dtype), dtype=cfg.dtype,
+        device=device, efficiency=efficiency, quantization=quantization, kv_cache_dtype=kv_cache_dtype,
+        kv_cache_bytes=num_blocks * cfg.cache.block_size * kv_bytes_per_token, dtype=cfg.dtype,
         max_num_seqs=cfg.scheduler.effective_max_num_seqs, max_num_batched_tokens=cfg.scheduler.max_num_batched_tokens,
         fit={"model": model.id, "model_shape": model_shape(model), "block_size": cfg.cache.block_size,
              "num_kv_blocks": num_blocks, "num_samples": len(samples),

@@ -100,7 +100,8 @@ def simulated_metrics(profile, spec, stage: str, max_num_seqs: int, config) -> d
                      efficiency=shared_cores(profile.efficiency, 2), kv_cache_bytes=profile.kv_cache_bytes)
     deployment = Deployment(model=spec, device=profile.device, max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=profile.max_num_batched_tokens,
-                            block_size=profile.fit.get("block_size", 16), dtype=profile.dtype, **shape)
+                            block_size=profile.block_size, dtype=profile.dtype,
+                            kv_cache_dtype=profile.kv_cache_dtype, **shape)
     e = evaluate(deployment, generate_workload(config))
     if not e.fits:
         raise ValueError(f"the workload does not fit the profiled engine: {e.reason}")
@@ -109,12 +110,10 @@ def simulated_metrics(profile, spec, stage: str, max_num_seqs: int, config) -> d
 
 
 def profile_server_args(profile, spec) -> str:
-    """Serve with the settings the profile was measured with (its KV pool included), so both sides run
-    the same engine."""
-    block_size = profile.fit.get("block_size", 16)
-    num_blocks = profile.kv_cache_bytes // (block_size * spec.kv_bytes_per_token(profile.dtype))
-    return (f"--dtype {profile.dtype} --max-num-batched-tokens {profile.max_num_batched_tokens} "
-            f"--block-size {block_size} --num-kv-blocks {num_blocks}")
+    """Serve with the settings the profile was measured with (its mode: weights and KV cache dtype, and
+    its KV pool included), so both sides run the same engine."""
+    return (f"{profile.mode} --max-num-batched-tokens {profile.max_num_batched_tokens} "
+            f"--block-size {profile.block_size} --num-kv-blocks {profile.num_kv_blocks(spec)}")
 
 
 def compare(stage: str, real: dict, simulated: dict) -> dict:
@@ -217,6 +216,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     command = "servelab lab validate " + shlex.join(flags)
     payload = {"command": command, "workload": {**config.__dict__, "request_rate": str(config.request_rate)},
                "max_num_seqs": args.max_num_seqs, "server_args": args.server_args, "profile": str(profile_path()),
+               "mode": {"dtype": profile.dtype, "quantization": profile.quantization,
+                        "kv_cache_dtype": profile.kv_cache_dtype},
                "repeats": args.repeats, "refresh_profile": args.refresh_profile, "profile_fits": profile_fits,
                "tolerance": args.tolerance,
                "max_abs_error": worst, "within_tolerance": ok, "stages": comparisons}
@@ -226,6 +227,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
     else:
         print(markdown_table(rows))
+        print(f"mode (both sides): {profile.mode}")
         print(f"medians of {args.repeats} real runs; real spread = max / min - 1 over those runs")
         print(f"largest error of the checked (*) metrics: {worst:.1%} "
               f"({'within' if ok else 'OVER'} the {args.tolerance:.0%} tolerance)")

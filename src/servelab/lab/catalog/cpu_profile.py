@@ -10,7 +10,8 @@ Stored as JSON at $SERVELAB_CACHE_DIR/lab/local-cpu.json (default ~/.cache/serve
                   "lm_head_curve": {"x": [rows...], "seconds": [...]},
                   "overhead_curve": {"x": [requests...], "seconds": [...]},
                   "all_reduce": [{"world_size": 2, "latency_s": a, "bytes_per_s": b, "samples": [...]}, ...]},
-   "kv_cache_bytes": K, "dtype": "bfloat16", "max_num_seqs": S, "max_num_batched_tokens": T,
+   "kv_cache_bytes": K, "dtype": "bfloat16", "quantization": "int8", "kv_cache_dtype": "int8",
+   "max_num_seqs": S, "max_num_batched_tokens": T,
    "fit": {"model": "smollm2-135m", "num_samples": n, "mean_abs_rel_error": e, ...},
    "kv_transfer": {"latency_s": l, "bytes_per_s": b, "samples": [[bytes, seconds], ...]},
    "spec_decode": {"speculative_config": {...}, "fitted_acceptance_rate": a, "acceptance_rate": r, ...},
@@ -24,6 +25,10 @@ between 2 and 3 processes on this machine (alpha-beta fit), so the lab prices `-
 device then counts as that many "GPUs" per node: processes sharing the same cores).
 kv_cache_bytes, max_num_seqs and max_num_batched_tokens are the real engine's settings when profiled,
 so a simulation of local-cpu runs the scheduler with the pool and limits `servelab serve` uses.
+quantization and kv_cache_dtype are the mode the engine was profiled in, --quantization auto resolved as
+`servelab serve` resolves it (none = float weights in dtype; kv_cache_dtype auto = the cache in dtype, int8 =
+int8 rows with an fp32 scale each): the curves price that mode's steps, the KV term and the pool's blocks its
+bytes per token. Profiles written before these fields load as none / auto.
 kv_transfer (optional: profiles measured before it lack it) is the torch.distributed point-to-point
 send between two processes that a disaggregated deployment's KV handoff pays.
 spec_decode (optional) is prompt-lookup speculation measured on code-edit prompts
@@ -39,7 +44,7 @@ from pathlib import Path
 
 from servelab.executor.efficiency import AllReduceFit, Efficiency
 from servelab.executor.curve import PiecewiseLinear
-from servelab.specs import DeviceSpec, ModelSpec
+from servelab.specs import DeviceSpec, ModelSpec, kv_dtype
 
 LOCAL_CPU = "local-cpu"
 
@@ -57,6 +62,8 @@ class CpuProfile:
     max_num_seqs: int
     max_num_batched_tokens: int
     fit: dict = field(default_factory=dict)
+    quantization: str = "none"  # the engine's --quantization as resolved: none, int8 or gguf
+    kv_cache_dtype: str = "auto"  # the engine's --kv-cache-dtype: auto (dtype) or int8
     created: str = ""
     host: str = ""
     kv_transfer: dict = field(default_factory=dict)  # latency_s, bytes_per_s, samples
@@ -70,6 +77,24 @@ class CpuProfile:
                              "(or `servelab lab profile --kv-transfer-only`) again")
         return float(self.kv_transfer["latency_s"]), float(self.kv_transfer["bytes_per_s"])
 
+    @property
+    def kv_dtype(self) -> str:
+        """The KV cache's dtype as ModelSpec.kv_bytes_per_token reads it."""
+        return kv_dtype(self.dtype, self.kv_cache_dtype)
+
+    @property
+    def block_size(self) -> int:
+        return self.fit.get("block_size", 16)
+
+    def num_kv_blocks(self, model: ModelSpec) -> int:
+        """The profiled engine's KV blocks: its pool's bytes over a block's bytes in its cache dtype."""
+        return self.kv_cache_bytes // (self.block_size * model.kv_bytes_per_token(self.kv_dtype))
+
+    @property
+    def mode(self) -> str:
+        """The engine flags of the profiled mode."""
+        return f"--dtype {self.dtype} --quantization {self.quantization} --kv-cache-dtype {self.kv_cache_dtype}"
+
     def to_json(self) -> dict:
         d = self.device
         return {
@@ -77,7 +102,8 @@ class CpuProfile:
             "device": {"name": d.name, "flops": d.flops, "memory_bandwidth": d.memory_bandwidth,
                        "memory_bytes": d.memory_bytes},
             "efficiency": _efficiency_json(self.efficiency),
-            "kv_cache_bytes": self.kv_cache_bytes, "dtype": self.dtype,
+            "kv_cache_bytes": self.kv_cache_bytes, "dtype": self.dtype, "quantization": self.quantization,
+            "kv_cache_dtype": self.kv_cache_dtype,
             "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
             "fit": self.fit, "created": self.created, "host": self.host,
             **({"kv_transfer": self.kv_transfer} if self.kv_transfer else {}),
@@ -112,7 +138,8 @@ class CpuProfile:
                                     **{k: PiecewiseLinear.from_json(v) if k in CURVES else float(v)
                                        for k, v in e.items() if k != "all_reduce"})
             return cls(device=device, efficiency=efficiency, kv_cache_bytes=int(data["kv_cache_bytes"]),
-                       dtype=data["dtype"], max_num_seqs=int(data["max_num_seqs"]),
+                       dtype=data["dtype"], quantization=data.get("quantization", "none"),
+                       kv_cache_dtype=data.get("kv_cache_dtype", "auto"), max_num_seqs=int(data["max_num_seqs"]),
                        max_num_batched_tokens=int(data["max_num_batched_tokens"]), fit=dict(data.get("fit", {})),
                        created=data.get("created", ""), host=data.get("host", ""),
                        kv_transfer=dict(data.get("kv_transfer", {})), spec_decode=dict(data.get("spec_decode", {})))

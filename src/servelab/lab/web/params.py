@@ -11,6 +11,7 @@ from servelab.config import SCHEDULE_POLICIES
 from servelab.lab.catalog import LOCAL_CPU, gpu_ids, model_ids
 from servelab.errors import FieldError
 from servelab.lab.catalog.calibration import calibration_names, load_calibration
+from servelab.lab.sim.deployment import ROUTERS
 from servelab.lab.api import (AdviseRequest, AutoscaleRequest, DeploymentRequest, FrontierRequest, SimulateRequest,
                               TargetsRequest)
 from servelab.rate_schedule import parse_rate_schedule
@@ -23,6 +24,8 @@ MAX_NUM_GPUS = 512
 MAX_INPUT_LEN = 32768
 MAX_OUTPUT_LEN = 8192
 MAX_NUM_SEQS = 4096
+MAX_PREFIX_LEN = MAX_INPUT_LEN
+MAX_NUM_PREFIXES = MAX_NUM_PROMPTS  # more distinct prefixes than requests share nothing more
 MAX_ADVISE_GPUS = 64
 MAX_REPLICAS = 64
 MAX_SCALE_SECONDS = 3600.0
@@ -36,6 +39,7 @@ MAX_FRONTIER_GPUS = 16
 
 LIMITS = {"num_prompts": MAX_NUM_PROMPTS, "num_gpus": MAX_NUM_GPUS, "input_len": MAX_INPUT_LEN,
           "output_len": MAX_OUTPUT_LEN, "max_num_seqs": MAX_NUM_SEQS, "max_gpus": MAX_ADVISE_GPUS,
+          "prefix_len": MAX_PREFIX_LEN, "num_prefixes": MAX_NUM_PREFIXES,
           "workload_tokens": MAX_WORKLOAD_TOKENS}
 
 
@@ -187,6 +191,7 @@ _DEPLOYMENT = {
     "num_scheduler_steps": lambda f, v: _int(f, v, 1, 64),
     "mixed_batches": _flag,
     "max_num_seqs": _optional(lambda f, v: _int(f, v, 1, MAX_NUM_SEQS)),
+    "router": lambda f, v: _choice(f, v, ROUTERS),
     "speculative_config": _optional(_speculative_config),
     "spec_acceptance_rate": _optional(_fraction),
 }
@@ -195,6 +200,9 @@ _WORKLOAD = {
     "num_prompts": lambda f, v: _int(f, v, 1, MAX_NUM_PROMPTS),
     "input_len": _optional(lambda f, v: _int(f, v, 1, MAX_INPUT_LEN)),
     "output_len": _optional(lambda f, v: _int(f, v, 1, MAX_OUTPUT_LEN)),
+    # the prefix-shared dataset's shape (input_len is then each request's own suffix)
+    "prefix_len": _optional(lambda f, v: _int(f, v, 1, MAX_PREFIX_LEN)),
+    "num_prefixes": _optional(lambda f, v: _int(f, v, 1, MAX_NUM_PREFIXES)),
     "range_ratio": _range_ratio,
     "request_rate": _request_rate,
     "burstiness": _positive,

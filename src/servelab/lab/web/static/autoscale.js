@@ -7,8 +7,9 @@
 (() => {
   const INTERVAL_S = 15;
   const MAX_BUSY_RETRIES = 120;
-  const PARTS = ["queued", "prefill", "kv_transfer", "decode_interference", "decode"];
-  const PART_COLORS = ["#c2410c", "#2f6fde", "#8b5cf6", "#e0a100", "#1f8f55"];
+  // servelab/lab/analysis/slo_attribution.py PARTS: a TTFT miss's three, then a TPOT miss's four
+  const PARTS = ["queued", "prefill_wait", "prefill", "kv_transfer", "decode_interference", "decode_batch", "decode"];
+  const PART_COLORS = ["#c2410c", "#f08a4b", "#2f6fde", "#8b5cf6", "#e0a100", "#7fb069", "#1f8f55"];
   const W = 300, H = 120, PAD_L = 34, PAD_B = 18, PAD_T = 6;
   const { t, fmt } = window.LabI18n;
   const { num, pct, ms } = fmt;

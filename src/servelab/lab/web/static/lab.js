@@ -15,6 +15,9 @@
   const ADVISE_SETTLE_MS = 500;
   const MAX_BUSY_RETRIES = 120;
   const DEPLOYMENT_FIELDS = ["num_gpus", "tp", "schedule", "disaggregate"];
+  // the prefix-shared dataset's shape when the page has none yet (the stage-6 card's)
+  const DEFAULT_PREFIX_LEN = 4096;
+  const DEFAULT_NUM_PREFIXES = 64;
 
   const { t, tn, fmt } = window.LabI18n;
   const { num, pct, gib, ms } = fmt;
@@ -68,7 +71,9 @@
     const slots = sliders.slots.get();
     const tp = $("sw-tp").checked ? Number($("in-tp").value) : 1;
     const split = $("sw-pd").checked ? [intOf("in-prefill", 1), intOf("in-decode", 1)] : null;
-    const sharegpt = $("in-dataset").value === "sharegpt-like";
+    const dataset = $("in-dataset").value;
+    const sharegpt = dataset === "sharegpt-like";
+    const shared = dataset === "prefix-shared";
     const tpot = $("in-tpot").value;
     const spec = $("sw-spec").checked;
     return {
@@ -79,12 +84,15 @@
       schedule: continuous ? "continuous" : (slots === 1 ? "serial" : "static"),
       disaggregate: split ? `${split[0]}:${split[1]}` : null,
       max_num_seqs: slots,
+      router: $("in-router").value,
       request_rate: sliders.rate.get(),
       num_prompts: intOf("in-prompts", 400),
       input_len: sharegpt ? null : sliders.inputLen.get(),
       output_len: sharegpt ? null : sliders.outputLen.get(),
       range_ratio: Number($("in-range").value) || 0,
-      dataset: $("in-dataset").value,
+      dataset,
+      prefix_len: shared ? intOf("in-prefix-len", DEFAULT_PREFIX_LEN) : null,
+      num_prefixes: shared ? intOf("in-num-prefixes", DEFAULT_NUM_PREFIXES) : null,
       burstiness: Number($("in-burst").value) || 1,
       seed: intOf("in-seed", 0),
       ttft_target_ms: sliders.ttft.get(),
@@ -118,6 +126,10 @@
       $("in-decode").value = d;
     }
     $("in-dataset").value = inputs.dataset;
+    $("in-router").value = inputs.router ?? "round-robin";
+    if (inputs.prefix_len != null) $("in-prefix-len").value = String(inputs.prefix_len);
+    if (inputs.num_prefixes != null) $("in-num-prefixes").value = String(inputs.num_prefixes);
+    if (inputs.dataset === "prefix-shared") document.querySelector("details.advanced").open = true; // its shape
     $("in-range").value = String(inputs.range_ratio);
     $("in-burst").value = String(inputs.burstiness);
     $("in-prompts").value = String(inputs.num_prompts);
@@ -147,6 +159,7 @@
     $("in-prefill").closest(".sub").classList.toggle("disabled", !pd);
     $("in-spec-rate").closest(".sub").classList.toggle("disabled", !$("sw-spec").checked);
     const sharegpt = $("in-dataset").value === "sharegpt-like";
+    $("prefix-shape").hidden = $("in-dataset").value !== "prefix-shared";
     sliders.inputLen.el.disabled = sharegpt;
     sliders.outputLen.el.disabled = sharegpt;
     updateLabels();
@@ -156,7 +169,8 @@
     const body = buildBody();
     $("out-rate").textContent = rateLabel(body.request_rate);
     const tokens = (n) => (n == null ? "sharegpt-like" : t("fmt.tokens", { n: num(n) }));
-    $("out-input-len").textContent = tokens(body.input_len);
+    $("out-input-len").textContent = body.prefix_len == null ? tokens(body.input_len)
+      : t("fmt.tokens_after_prefix", { n: num(body.input_len), prefix: num(body.prefix_len) });
     $("out-output-len").textContent = tokens(body.output_len);
     $("out-ttft").textContent = ms(body.ttft_target_ms);
     $("out-slots").textContent = String(body.max_num_seqs);
@@ -168,6 +182,7 @@
     $("out-gpus").textContent = body.tp > 1 ? t("fmt.gpus_shape_tp", { n: body.num_gpus, shape, tp: body.tp })
       : t("fmt.gpus_shape", { n: body.num_gpus, shape });
     $("schedule-note").textContent = t(`in.note.${body.schedule}`, { n: body.max_num_seqs });
+    $("router-note").textContent = routerNote(body);
     // a draft per position accepted with probability a until one is not: (1 - a^(K+1)) / (1 - a) tokens a step
     const a = Number($("in-spec-rate").value), k = Number($("in-spec-k").value);
     const perStep = a >= 1 ? k + 1 : (1 - a ** (k + 1)) / (1 - a);
@@ -175,11 +190,25 @@
     $("cli-command").textContent = cliCommand(body);
   }
 
+  // what the router chooses between: replicas, or the prefill instances of a split
+  function routed(body) {
+    return body.disaggregate ? Number(body.disaggregate.split(":")[0]) : body.num_gpus / body.tp;
+  }
+
+  const routerKey = (router) => router.replace("-", "_");
+
+  function routerNote(body) {
+    const n = routed(body);
+    if (n < 2) return t("in.router_note.one");
+    return t(`in.router_note.${routerKey(body.router)}`, { replicas: tn(body.disaggregate ? "fmt.instances" : "fmt.replicas", n) });
+  }
+
   function cliCommand(b) {
     const parts = ["servelab lab simulate", `--model ${b.model}`, `--gpu ${b.gpu}`, `--num-gpus ${b.num_gpus}`,
       `--tp ${b.tp}`, `--schedule ${b.schedule}`];
     if (b.disaggregate) parts.push(`--disaggregate ${b.disaggregate}`);
-    parts.push(`--max-num-seqs ${b.max_num_seqs}`, `--dataset ${b.dataset}`);
+    parts.push(`--max-num-seqs ${b.max_num_seqs}`, `--router ${b.router}`, `--dataset ${b.dataset}`);
+    if (b.prefix_len != null) parts.push(`--prefix-len ${b.prefix_len}`, `--num-prefixes ${b.num_prefixes}`);
     if (b.input_len != null) parts.push(`--input-len ${b.input_len}`);
     if (b.output_len != null) parts.push(`--output-len ${b.output_len}`);
     parts.push(`--range-ratio ${b.range_ratio}`, `--request-rate ${b.request_rate}`, `--burstiness ${b.burstiness}`,
@@ -193,7 +222,9 @@
     return parts.join(" ");
   }
 
+  // the latest stage the inputs reach: the prefix router once it has replicas (or prefill instances) to choose from
   function stageOf(body) {
+    if (body.router === "prefix" && routed(body) > 1) return 6;
     if (body.disaggregate) return 5;
     if (body.tp > 1) return 4;
     return { continuous: 3, static: 2, serial: 1 }[body.schedule];
@@ -597,7 +628,11 @@
     $("architecture").dataset.stage = String(stage);
 
     setBox("clients", true, false, t("box.clients"), rateLabel(body.request_rate));
-    setBox("gateway", true, false, t("box.gateway"), t("box.gateway_sub"));
+    // the router in front of the replicas, with the prefix cache's hit rate when the workload shares prefixes
+    let gatewaySub = routed(body) > 1 && body.router !== "round-robin" ? t(`box.router_${routerKey(body.router)}`)
+      : t("box.gateway_sub");
+    if (m && m.prefix_cache) gatewaySub += t("box.prefix_hits", { share: pct(m.prefix_cache.hit_rate) });
+    setBox("gateway", true, stage === 6, t("box.gateway"), gatewaySub);
     setBox("scheduler", true, stage <= 3, t("box.scheduler"), t(`box.scheduler_${body.schedule}`, { n: body.max_num_seqs }),
       Boolean(m && (m.batch_slots.bottleneck || m.queue.bottleneck)));
     setBox("prefill", Boolean(split), stage === 5, t("box.prefill"),

@@ -26,7 +26,8 @@
     ["output_throughput", "tut.row.throughput", tps], ["request_throughput", "tut.row.requests", rps],
     ["max_concurrent_requests", "tut.row.concurrency", num], ["num_preemptions", "tut.row.preemptions", num],
   ];
-  const state = { catalog: null, sims: {}, simErrors: {}, measured: null, measuredError: null };
+  // sims: each preset's answer; baselines: a prefix-routed preset's inputs with the least-loaded router
+  const state = { catalog: null, sims: {}, simErrors: {}, baselines: {}, measured: null, measuredError: null };
   const $ = (id) => document.getElementById(id);
 
   const simulate = (inputs) => window.LabI18n.post("/lab/api/simulate", inputs, () => {}, MAX_BUSY_RETRIES);
@@ -117,6 +118,19 @@
     measured.textContent = x && y ? delta("tut.delta_measured", n - 1, x, y) : "";
   }
 
+  // what routing by cached prefix changes on the card's own inputs (stage 6)
+  function renderRouter(section, n) {
+    const line = section.querySelector(".delta-router");
+    if (!line) return;
+    const [a, b] = [state.baselines[n], state.sims[n]];
+    const hits = (r) => r.meters.prefix_cache.hit_rate;
+    line.textContent = a && b && a.fits && b.fits && a.meters.prefix_cache && b.meters.prefix_cache
+      ? t("tut.delta_router", { hits_from: pct(hits(a)), hits_to: pct(hits(b)),
+        ttft_from: ms(a.metrics.median_ttft_ms), ttft_to: ms(b.metrics.median_ttft_ms),
+        p99_from: ms(a.metrics.p99_ttft_ms), p99_to: ms(b.metrics.p99_ttft_ms),
+        tps_from: tps(a.metrics.output_throughput), tps_to: tps(b.metrics.output_throughput) }) : "";
+  }
+
   function render() {
     const m = state.measured;
     if (m) {
@@ -130,6 +144,7 @@
       renderSimulated(section, n);
       renderMeasured(section, n);
       renderDeltas(section, n);
+      renderRouter(section, n);
     });
   }
 
@@ -150,6 +165,9 @@
     for (const preset of state.catalog.presets) {
       try {
         state.sims[preset.stage] = await simulate(preset.inputs);
+        if (preset.inputs.router === "prefix") {
+          state.baselines[preset.stage] = await simulate({ ...preset.inputs, router: "least-loaded" });
+        }
       } catch (err) {
         state.simErrors[preset.stage] = err.message;
       }
@@ -163,7 +181,7 @@
     try {
       await Promise.all([loadMeasured(), loadSimulated()]);
     } catch (err) {
-      state.simErrors = Object.fromEntries([1, 2, 3, 4, 5].map((n) => [n, err.message]));
+      state.simErrors = Object.fromEntries([1, 2, 3, 4, 5, 6].map((n) => [n, err.message]));
       render();
     }
     $("tutorial-status").hidden = true;

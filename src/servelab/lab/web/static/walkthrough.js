@@ -18,21 +18,24 @@ window.LabWalkthrough = (() => {
     ["queue", (r) => r.meters.queue.mean_queue_ms, fmt.ms, [1, 0.1]],
     ["goodput", (r) => r.meters.goodput.slo_attainment, fmt.pct, [0.05, 0]],
     ["transfer", (r) => (r.meters.kv_transfer ? r.meters.kv_transfer.mean_ms : null), fmt.ms, [0, 0.1]],
+    ["hits", (r) => (r.meters.prefix_cache ? r.meters.prefix_cache.hit_rate : null), fmt.pct, [0.02, 0]],
   ];
   const MAX_MOVES = 5;
   // the meters each change is about, listed first whatever else moved more
   const PRIMARY = { batch: ["throughput", "ttft"], continuous: ["ttft", "kv"], tp: ["weights", "tpot", "kv"],
-    pd: ["transfer", "tpot", "ttft", "throughput"] };
+    pd: ["transfer", "tpot", "ttft", "throughput"], prefix: ["hits", "ttft", "tpot"] };
   // meters that matter when they hold still: [cause, meter]
   const STEADY = [["pd", "tpot"]];
 
-  // What the card changed, earliest stage first: serial -> static batches -> continuous -> TP -> P/D split.
+  // What the card changed, earliest stage first: serial -> static batches -> continuous -> TP -> P/D split ->
+  // routing replicas by their cached prefixes.
   function causes(before, after) {
     const out = [];
     if (before.schedule === "serial" && after.schedule === "static") out.push("batch");
     if (before.schedule !== "continuous" && after.schedule === "continuous") out.push("continuous");
     if (after.tp > before.tp) out.push("tp");
     if (after.disaggregate && !before.disaggregate) out.push("pd");
+    if (after.router === "prefix" && before.router !== "prefix") out.push("prefix");
     if (!out.length) out.push("back");
     return out;
   }
@@ -89,8 +92,9 @@ window.LabWalkthrough = (() => {
     const body = to.body;
     const split = body.disaggregate ? body.disaggregate.split(":") : [0, 0];
     const params = { tp: body.tp, gpus: body.num_gpus, slots: body.max_num_seqs, prefill: split[0], decode: split[1],
-      input_len: fmt.num(body.input_len ?? 0), rate: fmt.num(Number(body.request_rate) || 0, 2),
-      replicas: tn("fmt.replicas", body.num_gpus / body.tp) };
+      input_len: fmt.num(body.input_len ?? 0), output_len: fmt.num(body.output_len ?? 0), rate: fmt.num(Number(body.request_rate) || 0, 2),
+      replicas: tn("fmt.replicas", body.num_gpus / body.tp), prefixes: fmt.num(body.num_prefixes ?? 0),
+      prefix_len: fmt.num(body.prefix_len ?? 0) };
     const items = moves(from, to, causes(from.body, body), params).map((m) => m.text);
     return { lead, items: items.length ? items : [t("walk.none")] };
   }

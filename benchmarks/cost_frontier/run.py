@@ -3,7 +3,7 @@ chat-like workload (1024-token prompts, 256-token answers, 4 req/s) with p99 TTF
 priced with the shipped on-demand prices (lab/catalog/data/prices.json) and with AWS/Azure list prices
 (prices-hyperscalers.json). Writes result-<prices>.json, result-<prices>.txt and frontier-<prices>.png here.
 
-    python benchmarks/cost-frontier/run.py
+    python benchmarks/cost_frontier/run.py
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """What constrained decoding costs: the grammar mask per decode step at batch 1 and 64, and a served burst of
 the default model with and without a JSON schema.
 
-    python benchmarks/structured-output/run.py                 # both parts, writes result.json beside this file
-    python benchmarks/structured-output/run.py --skip-served   # the mask cost only (seconds)
+    python benchmarks/structured_output/run.py                 # both parts, writes result.json beside this file
+    python benchmarks/structured_output/run.py --skip-served   # the mask cost only (seconds)
 
 Mask cost: StructuredOutputManager fills the step's bitmask for B requests of one JSON schema part-way through
 their output (llguidance, SmolLM2's 49,152-token vocabulary), the sampler applies it to (B, 49,152) fp32 logits,

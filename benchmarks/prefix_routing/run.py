@@ -2,7 +2,7 @@
 router and behind `--router prefix`, on a shared-prefix workload, against the lab's `local-cpu` simulation of the
 same two replicas (`servelab lab validate --stages dp,prefix`). Writes result.json and result.md beside this file.
 
-    python benchmarks/prefix-routing/run.py            # profiles this machine first when it has no profile
+    python benchmarks/prefix_routing/run.py            # profiles this machine first when it has no profile
 """
 from __future__ import annotations
 

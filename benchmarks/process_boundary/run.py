@@ -1,6 +1,6 @@
 """The served burst across the API/engine-core process boundary, before and after a change, side by side.
 
-    python benchmarks/process-boundary/run.py --old 2bc126e --new HEAD --rounds 3
+    python benchmarks/process_boundary/run.py --old 2bc126e --new HEAD --rounds 3
 
 Each source tree is `git archive`d from its revision into a temporary folder, then each round serves the
 default model from the old tree and from the new one in turn (`servelab serve`, one engine core in its own

@@ -3,7 +3,7 @@ without --speculative-config, on code-edit prompts (the answer copies the prompt
 prompts, and prompts of random tokens (little to copy: drafts mostly miss), in one process, interleaved,
 --repeats times; median and range.
 
-    flock /tmp/servelab-heavy.lock nice -n 10 python benchmarks/spec-decode/run.py --out benchmarks/spec-decode/result.json
+    flock /tmp/servelab-heavy.lock nice -n 10 python benchmarks/spec_decode/run.py --out benchmarks/spec_decode/result.json
 
 Single stream: the prompts one at a time; burst: all of them in one LLM.generate call. Speed is output tokens
 over wall seconds (prefill included, the same prompts both ways). Greedy, max_tokens fixed, EOS honoured.
@@ -101,7 +101,7 @@ def main() -> None:
                 identical.setdefault(workload, []).append(f"{same}/{len(prompts)}")
     flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v!r}")
              for k, v in vars(args).items() if k != "out" and v is not None and v is not False]
-    result = {"command": "python benchmarks/spec-decode/run.py " + " ".join(flags),
+    result = {"command": "python benchmarks/spec_decode/run.py " + " ".join(flags),
               "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
               "speculative_config": json.loads(args.speculative_config),
               "num_prompts": args.num_prompts, "max_tokens": args.max_tokens, "repeats": args.repeats,
