@@ -52,11 +52,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--speculative-config", default='{"method": "ngram", "num_speculative_tokens": 4, '
                                                      '"prompt_lookup_max": 4, "prompt_lookup_min": 2}')
+    ap.add_argument("--compare-fixed", action="store_true",
+                    help='also run the same config with "draft_min_acceptance": 0 (every match drafted in full, as vLLM)')
     ap.add_argument("--out", default=None, help="write the result here as JSON")
     args = ap.parse_args()
     common = dict(dtype=args.dtype, kv_cache_memory=1.0, max_num_seqs=args.num_prompts)
     engines = {"plain": LLM(args.model, **common),
                "spec": LLM(args.model, speculative_config=json.loads(args.speculative_config), **common)}
+    if args.compare_fixed:
+        engines["fixed"] = LLM(args.model, speculative_config={**json.loads(args.speculative_config),
+                                                               "draft_min_acceptance": 0}, **common)
+    names = list(engines)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     rng = random.Random(0)
     random_tokens = [{"prompt_token_ids": [rng.randrange(1000, 40000) for _ in range(256)]}
@@ -71,7 +77,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         for workload, prompts in workloads.items():
             for mode in ("single", "burst"):
-                order = ("plain", "spec") if repeat % 2 == 0 else ("spec", "plain")
+                order = names[repeat % len(names):] + names[:repeat % len(names)]  # rotates by repeat
                 outputs = {}
                 for name in order:
                     llm = engines[name]
@@ -91,10 +97,11 @@ def main() -> None:
                         acc["num_output_tokens"] += num_tokens
                     print(f"repeat {repeat} {workload:10s} {mode:6s} {name:5s} {num_tokens / seconds:7.1f} tok/s",
                           flush=True)
-                same = sum(a == b for a, b in zip(outputs["plain"], outputs["spec"]))
+                same = sum(all(o[i] == outputs["plain"][i] for o in outputs.values()) for i in range(len(prompts)))
                 identical.setdefault(workload, []).append(f"{same}/{len(prompts)}")
-    result = {"command": "python benchmarks/spec_decode/run.py " + " ".join(
-                  f"--{k.replace('_', '-')} {v!r}" for k, v in vars(args).items() if k != "out" and v is not None),
+    flags = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v!r}")
+             for k, v in vars(args).items() if k != "out" and v is not None and v is not False]
+    result = {"command": "python benchmarks/spec_decode/run.py " + " ".join(flags),
               "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
               "speculative_config": json.loads(args.speculative_config),
               "num_prompts": args.num_prompts, "max_tokens": args.max_tokens, "repeats": args.repeats,
@@ -112,10 +119,16 @@ def main() -> None:
         for mode, by_engine in speeds[workload].items():
             plain, spec = summary(by_engine["plain"]), summary(by_engine["spec"])
             entry[mode] = {"plain_tok_s": plain, "spec_tok_s": spec, "speedup": spec["median"] / plain["median"]}
+            if "fixed" in by_engine:
+                fixed = summary(by_engine["fixed"])
+                entry[mode].update(fixed_tok_s=fixed, fixed_speedup=fixed["median"] / plain["median"])
         result["workloads"][workload] = entry
+        fixed_note = "".join(f", {mode} x{entry[mode]['fixed_speedup']:.2f}" for mode in ("single", "burst")
+                        if "fixed_speedup" in entry[mode])
         print(f"{workload}: acceptance {entry['acceptance_rate']:.2f}, mean acceptance length "
               f"{entry['mean_acceptance_length']:.2f}, single-stream x{entry['single']['speedup']:.2f}, "
-              f"burst x{entry['burst']['speedup']:.2f}, identical {identical[workload]}", flush=True)
+              f"burst x{entry['burst']['speedup']:.2f}{' (fixed length' + fixed_note + ')' if fixed_note else ''}, "
+              f"identical {identical[workload]}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

@@ -81,11 +81,18 @@ class SpeculativeConfig:
     """vLLM's --speculative-config: method "ngram" is prompt lookup. Each decode step of a greedy request
     proposes up to num_speculative_tokens tokens: those that followed the longest n-gram (prompt_lookup_min
     to prompt_lookup_max tokens) that ends the request's tokens and also occurs earlier in its prompt or
-    output. The step verifies them and keeps the ones the model agrees with."""
+    output. The step verifies them and keeps the ones the model agrees with.
+
+    draft_min_acceptance (servelab's, not vLLM's) makes the draft length adaptive per request: draft position i
+    is proposed only while the request's estimated chance that a draft is accepted up to position i (a moving
+    average over its recent drafts, core/spec_decode/ngram.py) is at least this, so a request whose drafts miss
+    stops paying for verify rows, and starts again when its lookups would hit. 0: always up to
+    num_speculative_tokens, as vLLM."""
     method: str = "ngram"
     num_speculative_tokens: int = 3
     prompt_lookup_max: int = 5
     prompt_lookup_min: int = 5
+    draft_min_acceptance: float = 0.5
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -95,6 +102,8 @@ class SpeculativeConfig:
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError("prompt_lookup_min and prompt_lookup_max must satisfy 1 <= min <= max, got "
                              f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
+        if not 0 <= self.draft_min_acceptance <= 1:
+            raise ValueError(f"draft_min_acceptance must be within 0 and 1, got {self.draft_min_acceptance}")
 
     @classmethod
     def from_json(cls, text: str) -> "SpeculativeConfig":
@@ -108,11 +117,14 @@ class SpeculativeConfig:
         if not isinstance(values, dict):
             raise ValueError("--speculative-config takes a JSON object, e.g. "
                              '{"method": "ngram", "num_speculative_tokens": 3}')
-        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "draft_min_acceptance"}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"--speculative-config has unknown keys {unknown}; it takes {sorted(known)}")
-        for key in known - {"method"}:
+        rate = values.get("draft_min_acceptance", 0)
+        if not isinstance(rate, (int, float)) or isinstance(rate, bool):
+            raise ValueError(f"--speculative-config draft_min_acceptance must be a number, got {rate!r}")
+        for key in known - {"method", "draft_min_acceptance"}:
             if key in values and (not isinstance(values[key], int) or isinstance(values[key], bool)):
                 raise ValueError(f"--speculative-config {key} must be an integer, got {values[key]!r}")
         if "num_speculative_tokens" not in values:

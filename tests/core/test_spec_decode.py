@@ -174,3 +174,55 @@ def test_sampled_requests_do_not_speculate():
     r = Request("r", [1, 2, 3, 4, 1, 2], SamplingParams(temperature=0.8, max_tokens=5), 5)
     run(engine, [r])
     assert all(s.num_spec_tokens == 0 for plan in executor.plans for s in plan.scheduled)
+
+
+def spec_lengths(executor, rid):
+    """The draft tokens the request verified at each of its decode steps (0: decoded one token)."""
+    return [s.num_spec_tokens for plan in executor.plans for s in plan.scheduled
+            if s.request_id == rid and s.sample and s.num_computed_tokens > 0 and len(s.token_ids) == 1 + s.num_spec_tokens]
+
+
+def test_adaptive_drafting_backs_off_after_misses_and_resumes_when_lookups_hit():
+    # prompt 1 2 3 4 1 2 3; the model counts 1..4 round but says 9 at 8 and 7 at 10: the first two drafts miss
+    engine, executor = make_engine(True, {8: 9, 10: 7})
+    r = request([1, 2, 3, 4, 1, 2, 3], max_tokens=14)
+    run(engine, [r])
+    assert r.output_token_ids == [4, 9, 2, 7, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1]
+    # step by step (p = the chance estimates of positions 1..3, from 1.0, halfway towards each outcome):
+    #  3: [1 2 3] after 2 3 4, wrong at once -> p .5 .5 .5;  0: 9 has no earlier match;
+    #  3: [3 4 1] after 2 (p still >= .5), wrong at once -> p .25 .25 .25;  0: 7 has no earlier match;
+    #  0: [1 2 3] after 4 is looked up but not drafted (p < .5); the model then says 1: p .625 .25 .25;
+    #  1: [2] of [2 3 4] after 4 1, accepted with the sample after it, 3: the followed [1 2 3] was right -> p .625 x3;
+    #  3: all right; 1: the one draft max_tokens leaves room for
+    assert spec_lengths(executor, "r") == [3, 0, 3, 0, 0, 1, 3, 1]
+    assert engine.scheduler.proposer.draft_length("r") == 3
+
+
+def test_adaptive_drafting_is_per_request():
+    # the rule's exceptions are by position: "b" (positions < 19) copies its prompt; "a" (a prompt of 20) is told a
+    # new token at every other position after it, so every lookup of its misses at the first token
+    engine, executor = make_engine(True, {pos: 100 + pos for pos in range(21, 40, 2)}, budget=64, num_blocks=32)
+    a, b = request([1, 2, 3, 4] * 5, max_tokens=12, rid="a"), request([1, 2, 3, 4, 1, 2, 3], 12, "b")
+    run(engine, [a, b])
+    assert spec_lengths(executor, "b") == [3, 3, 2]  # every draft right: full length (the last: max_tokens)
+    # "a": two drafts of 3 (p 1 -> .5 -> .25), then none; its lookups after 1, 2 or 3 keep missing (p -> 0)
+    assert spec_lengths(executor, "a") == [3, 0, 3] + [0] * 8
+    assert (engine.scheduler.spec_num_drafts_total, engine.scheduler.spec_num_draft_tokens_total) == (5, 14)
+
+
+def test_adaptive_drafting_off_drafts_every_match_in_full():
+    p = NgramProposer(SpeculativeConfig("ngram", 3, 3, 1, draft_min_acceptance=0))
+    r = request([1, 2, 3, 4, 1, 2, 3])
+    r.output_token_ids += [4]
+    for wrong in (9, 8, 7):
+        assert len(p.propose(r, 3)) == 3
+        r.output_token_ids += [wrong, 1, 2, 3, 4]  # the draft 1 2 3 was wrong
+    assert p.draft_length("r") == 3
+
+
+def test_draft_min_acceptance_config():
+    assert SpeculativeConfig.from_json('{"num_speculative_tokens": 2, "draft_min_acceptance": 0}').draft_min_acceptance == 0
+    assert SpeculativeConfig.from_json('{"num_speculative_tokens": 2}').draft_min_acceptance == 0.5
+    for bad, problem in (("1.5", "within 0 and 1"), ('"high"', "a number"), ("true", "a number")):
+        with pytest.raises(ValueError, match=problem):
+            SpeculativeConfig.from_json('{"num_speculative_tokens": 2, "draft_min_acceptance": %s}' % bad)

@@ -1,7 +1,8 @@
 """The lab's proposer: its requests' token ids are placeholders, so there is nothing to look up. It drafts
 num_speculative_tokens placeholders at every decode step, and the cost model's executor accepts each draft
 with the acceptance rate (executor/cost_model_executor.py): the steps are scheduled, sized and priced as
-the real engine's are."""
+the real engine's are. It does not adapt the draft length (SpeculativeConfig.draft_min_acceptance): placeholders
+tell it nothing, so the lab prices K verify rows at every decode step (docs/lab.md says what that misses)."""
 from __future__ import annotations
 
 from servelab.core.request import Request
