@@ -137,6 +137,24 @@ def test_a_finished_build_is_reused_and_skip_build_needs_one(tmp_path, monkeypat
     assert "--skip-build: no finished llama.cpp build" in capsys.readouterr().err
 
 
+def test_a_build_that_dies_of_sigill_gives_way_to_the_build_without_amx(tmp_path, monkeypatch, capsys):
+    """The first build's llama-bench dies of an illegal instruction (as ggml's AMX kernels do on some VMs): the
+    no-AMX build is used, and says why; a variant that runs is used as it is."""
+    root = tmp_path / "llama.cpp-x"
+    _fake_tools(root / "build" / "bin")
+    (root / "build" / "bin" / "llama-bench").write_text("#!/bin/sh\nkill -ILL $$\n")
+    _fake_tools(root / "build-noamx" / "bin")
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)  # both reused: nothing is built
+    tools = build.ensure_llama_cpp("x", root=root, gguf=tmp_path / "m.gguf")
+    assert tools.bin_dir == root / "build-noamx" / "bin" and tools.build.startswith("native without AMX")
+    assert "dies with SIGILL" in capsys.readouterr().out
+    assert build.ensure_llama_cpp("x", root=root).bin_dir == root / "build" / "bin"  # no model: not tried
+    (root / "build" / "bin" / "llama-bench").write_text("#!/bin/sh\nexit 3\n")  # another failure: not SIGILL
+    assert build.ensure_llama_cpp("x", root=root, gguf=tmp_path / "m.gguf").build == "native"
+    assert "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" in build.configure_command(
+        tmp_path, tmp_path / "b", build.VARIANTS[1][1])
+
+
 def test_flags_parse():
     assert parse_only("hf, servelab") == ["hf", "servelab"]
     with pytest.raises(ValueError, match="--only"):

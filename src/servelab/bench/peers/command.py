@@ -90,19 +90,13 @@ def num_threads() -> int:
 
 
 def llama_cpp_tools(args: argparse.Namespace):
-    from servelab.bench.peers.llama_cpp_build import (LLAMA_CPP_PYTHON_VERSION, BuildError, cache_dir, ensure_llama_cpp,
-                                                existing_tools, LlamaCppTools)
+    from servelab.bench.peers.llama_cpp_build import LLAMA_CPP_PYTHON_VERSION, ensure_llama_cpp, existing_tools
+    from servelab.model.loader import default_gguf_path
 
     if args.llama_cpp_dir is not None:
         return existing_tools(args.llama_cpp_dir)
     version = args.llama_cpp_version or LLAMA_CPP_PYTHON_VERSION
-    if args.skip_build:
-        tools = LlamaCppTools(cache_dir(version) / "build" / "bin")
-        if tools.missing():
-            raise BuildError(f"--skip-build: no finished llama.cpp build in {cache_dir(version)} (missing "
-                             f"{', '.join(tools.missing())}); run once without --skip-build or pass --llama-cpp-dir")
-        return tools
-    return ensure_llama_cpp(version, args.build_jobs)
+    return ensure_llama_cpp(version, args.build_jobs, gguf=default_gguf_path(), allow_build=not args.skip_build)
 
 
 def add_roofline_shares(runs: list[dict], bandwidth_gbs: float) -> None:

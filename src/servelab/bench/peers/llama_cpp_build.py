@@ -3,12 +3,18 @@ distribution on PyPI vendors llama.cpp (vendor/llama.cpp), so pip is the only ne
 
 The build goes to $SERVELAB_CACHE_DIR/peers/llama.cpp-<version>/ (default ~/.cache/servelab/...), once:
 a finished build (every tool present) is reused.
+
+It is built for this CPU (GGML_NATIVE), then tried on the default model's GGUF (llama-bench, a few tokens). On some
+virtual machines the CPU advertises AMX but ggml's AMX matrix kernels die there with an illegal instruction
+(SIGILL at `tilezero`): then a second build without AMX (`-mno-amx-*`, every other native instruction kept) goes
+to build-noamx/ and is the one used; the result's `llama_cpp.build` says which and why.
 """
 from __future__ import annotations
 
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -24,6 +30,13 @@ CMAKE_OPTIONS = ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHAR
                  "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF")
 
 
+# The variants, tried in order: (build folder, extra cmake options, why it exists).
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"  # explicit -mno-* flags win over -march=native's
+VARIANTS = (("build", (), "native"),
+            ("build-noamx", (f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"),
+             "native without AMX: the native build died with SIGILL in ggml's AMX kernels on this CPU"))
+
+
 class BuildError(ValueError):
     """A ValueError so that the command line prints it as one line (servelab: error: ...)."""
 
@@ -31,6 +44,7 @@ class BuildError(ValueError):
 @dataclass(frozen=True)
 class LlamaCppTools:
     bin_dir: Path
+    build: str = "given"  # which build (VARIANTS' description), or "given" for --llama-cpp-dir
 
     def path(self, tool: str) -> Path:
         return self.bin_dir / tool
@@ -64,8 +78,8 @@ def download_command(version: str, dest: Path) -> list[str]:
             f"llama-cpp-python=={version}", "--dest", str(dest)]
 
 
-def configure_command(source_dir: Path, build_dir: Path) -> list[str]:
-    return ["cmake", "-S", str(source_dir), "-B", str(build_dir), *CMAKE_OPTIONS]
+def configure_command(source_dir: Path, build_dir: Path, extra: tuple[str, ...] = ()) -> list[str]:
+    return ["cmake", "-S", str(source_dir), "-B", str(build_dir), *CMAKE_OPTIONS, *extra]
 
 
 def build_command(build_dir: Path, jobs: int) -> list[str]:
@@ -94,29 +108,54 @@ def unpack_sdist(download_dir: Path, version: str, root: Path) -> Path:
     return source
 
 
+def dies_of_sigill(tools: LlamaCppTools, gguf: Path) -> bool:
+    """A few tokens of llama-bench on gguf (its quantized matrix kernels, AMX's included where built): True when
+    the process dies of an illegal instruction. Any other failure is left to the real runs to report."""
+    command = [str(tools.path("llama-bench")), "-m", str(gguf), "-p", "8", "-n", "2", "-r", "1", "-t", "1"]
+    try:
+        result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    except subprocess.TimeoutExpired:
+        return False
+    return result.returncode in (-signal.SIGILL, 128 + signal.SIGILL)
+
+
+def _build(root: Path, folder: str, extra: tuple[str, ...], version: str, jobs: int, log) -> None:
+    source = root / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
+    if not (source / "CMakeLists.txt").is_file():
+        _run(download_command(version, root / "sdist"), log)
+        source = unpack_sdist(root / "sdist", version, root)
+    _run(configure_command(source, root / folder, extra), log)
+    _run(build_command(root / folder, jobs), log)
+
+
 def ensure_llama_cpp(version: str = LLAMA_CPP_PYTHON_VERSION, jobs: int | None = None,
-                     root: Path | None = None) -> LlamaCppTools:
-    """The built tools, building them first unless a finished build is already in the cache."""
+                     root: Path | None = None, gguf: Path | None = None, allow_build: bool = True) -> LlamaCppTools:
+    """The built tools, building them first unless a finished build is already in the cache (or, without
+    allow_build, a BuildError); with gguf, the first variant (VARIANTS) that does not die of SIGILL on it."""
     root = root or cache_dir(version)
-    tools = LlamaCppTools(root / "build" / "bin")
-    if not tools.missing():
-        print(f"llama.cpp: reusing the build in {root}", flush=True)
-        return tools
-    check_toolchain()
     jobs = jobs or max(1, min(os.cpu_count() or 1, 8))
-    root.mkdir(parents=True, exist_ok=True)
-    print(f"llama.cpp: building {', '.join(TOOLS)} from llama-cpp-python {version}'s source into {root} "
-          f"(minutes; log: {root / 'build.log'})", flush=True)
-    with open(root / "build.log", "a") as log:
-        source = root / f"llama_cpp_python-{version}" / "vendor" / "llama.cpp"
-        if not (source / "CMakeLists.txt").is_file():
-            _run(download_command(version, root / "sdist"), log)
-            source = unpack_sdist(root / "sdist", version, root)
-        _run(configure_command(source, root / "build"), log)
-        _run(build_command(root / "build", jobs), log)
-    if tools.missing():
-        raise BuildError(f"the build finished but {', '.join(tools.missing())} are missing in {tools.bin_dir}")
-    return tools
+    for folder, extra, why in VARIANTS:
+        tools = LlamaCppTools(root / folder / "bin", why)
+        if not tools.missing():
+            print(f"llama.cpp: reusing the build in {root / folder}", flush=True)
+        elif not allow_build:
+            raise BuildError(f"--skip-build: no finished llama.cpp build in {root / folder} (missing "
+                             f"{', '.join(tools.missing())}); run once without --skip-build or pass --llama-cpp-dir")
+        else:
+            check_toolchain()
+            root.mkdir(parents=True, exist_ok=True)
+            print(f"llama.cpp: building {', '.join(TOOLS)} ({why}) from llama-cpp-python {version}'s source into "
+                  f"{root / folder} (minutes; log: {root / 'build.log'})", flush=True)
+            with open(root / "build.log", "a") as log:
+                _build(root, folder, extra, version, jobs, log)
+            if tools.missing():
+                raise BuildError(f"the build finished but {', '.join(tools.missing())} are missing in "
+                                 f"{tools.bin_dir}")
+        if gguf is None or not dies_of_sigill(tools, gguf):
+            return tools
+        print(f"llama.cpp: the {folder} build dies with SIGILL (illegal instruction) on this CPU", flush=True)
+    raise BuildError(f"every llama.cpp build in {root} dies with SIGILL on this CPU; pass --llama-cpp-dir DIR "
+                     "with tools built for it, or --only servelab,hf")
 
 
 def existing_tools(directory: Path) -> LlamaCppTools:

@@ -55,7 +55,7 @@ def run_llama_cpp(args, tools, work: Workloads, tokenizer, log_dir: Path, thread
                     runs.append({**online_run(kind, work.labels[kind], "llama.cpp", "llama.cpp", config, server.url,
                                               "llama.cpp", getattr(work, kind), tokenizer, not args.disable_tqdm),
                                  "server_command": command})
-    return runs, {"ggufs": {k: str(v) for k, v in ggufs.items()}, "bin_dir": str(tools.bin_dir),
+    return runs, {"ggufs": {k: str(v) for k, v in ggufs.items()}, "bin_dir": str(tools.bin_dir), "build": tools.build,
                   "slot_context": slot_ctx}
 
 
