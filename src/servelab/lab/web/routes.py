@@ -15,7 +15,9 @@
 Lab jobs run in worker processes, one simulation and one advisor search (or measured-path prediction) at a time,
 each in its own worker, so that the page's redraw never waits behind the advisor (a second concurrent job of the
 same kind gets 429): the same server may be serving a model, and its event loop must keep streaming tokens, which
-a simulation in a thread would hold up for its share of the GIL.
+a simulation in a thread would hold up for its share of the GIL. The last answers are kept (AnswerMemo): a
+simulation is a pure function of its input, the shipped calibration and the local-cpu profile, so going back to a
+setting, or switching the page's language, answers at once.
 
 Every human-readable error message comes in the request's language (`?lang=zh` or Accept-Language, see
 messages.py); the `param` and the bodies of successful answers do not depend on it."""
@@ -28,6 +30,7 @@ import multiprocessing
 import os
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -43,6 +46,7 @@ from servelab.errors import OpenAIError
 from servelab.lab import api
 from servelab.lab.catalog import LOCAL_CPU, get_device, get_model, gpu_ids, model_ids
 from servelab.lab.catalog.calibration import load_calibration
+from servelab.lab.catalog.cpu_profile import profile_path
 from servelab.specs import GIB
 from servelab.lab.web.errors import (bad_request, internal_error, lab_busy, measure_unavailable, not_found,
                                      request_too_large)
@@ -106,13 +110,49 @@ def exit_with_parent(parent_pid: int) -> None:
 LANES = {"simulate": "interactive", "advise": "background", "measured": "background", "frontier": "background"}
 
 
+class AnswerMemo:
+    """The last `size` successful answers of the pure commands (MEMOIZED), keyed by the command, the typed input's
+    repr (frozen dataclasses: equal inputs, equal reprs) and the local-cpu profile's modification time (a new
+    `servelab lab profile` changes what `--gpu local-cpu` answers). "measured" reads result files that a measure
+    run rewrites, so it is never kept."""
+    MEMOIZED = frozenset({"simulate", "advise", "frontier"})
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._answers: OrderedDict[tuple, LabOutcome] = OrderedDict()
+
+    def key(self, command: str, lab_input) -> tuple | None:
+        if command not in self.MEMOIZED:
+            return None
+        try:
+            profile_mtime = profile_path().stat().st_mtime_ns
+        except OSError:
+            profile_mtime = None
+        return command, repr(lab_input), profile_mtime
+
+    def get(self, key: tuple | None) -> LabOutcome | None:
+        if key is None or key not in self._answers:
+            return None
+        self._answers.move_to_end(key)
+        return self._answers[key]
+
+    def put(self, key: tuple | None, outcome: LabOutcome) -> None:
+        if key is None or outcome.error is not None:
+            return
+        self._answers[key] = outcome
+        while len(self._answers) > self.size:
+            self._answers.popitem(last=False)
+
+
 class LabRunner:
-    """One job at a time per lane (LANES), each lane in a one-worker process pool (spawned on first use). The
-    check and the claim happen on the loop with no await between them, so no lock is needed."""
+    """One job at a time per lane (LANES), each lane in a one-worker process pool (spawned on first use); an answer
+    the memo holds skips the lane. The check and the claim happen on the loop with no await between them, so no
+    lock is needed."""
 
     def __init__(self) -> None:
         self.running_by_lane: dict[str, str] = {}
         self._pools: dict[str, ProcessPoolExecutor] = {}
+        self.memo = AnswerMemo()
 
     @property
     def running(self) -> str | None:
@@ -120,6 +160,10 @@ class LabRunner:
         return self.running_by_lane.get("interactive") or self.running_by_lane.get("background")
 
     async def run(self, command: str, lab_input, lang: str) -> LabOutcome:
+        key = self.memo.key(command, lab_input)
+        known = self.memo.get(key)
+        if known is not None:
+            return known
         lane = LANES[command]
         if lane in self.running_by_lane:
             raise lab_busy(lang)
@@ -128,9 +172,12 @@ class LabRunner:
             if lane not in self._pools:
                 self._pools[lane] = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                                         initializer=exit_with_parent, initargs=(os.getpid(),))
-            return await asyncio.get_running_loop().run_in_executor(self._pools[lane], run_lab, command, lab_input)
+            outcome = await asyncio.get_running_loop().run_in_executor(self._pools[lane], run_lab, command,
+                                                                       lab_input)
         finally:
             del self.running_by_lane[lane]
+        self.memo.put(key, outcome)
+        return outcome
 
     def close(self) -> None:
         """Stop the workers (waits for a job in progress: they are bounded by the lab's limits)."""
