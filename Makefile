@@ -39,7 +39,7 @@ $(CHROMIUM):
 chromium: $(CHROMIUM)
 
 test: $(STAMP) $(CHROMIUM)
-	$(PY) -m pytest -n auto --dist loadfile tests
+	$(PY) -m pytest -n auto --dist loadfile --durations=15 tests
 
 # Optional: the simulator's hot modules compiled with mypyc (about twice as fast; a C compiler and mypy
 # needed). Used by a process run with SERVELAB_COMPILED=auto or 1, and only while their sources are unchanged;
