@@ -109,9 +109,12 @@ def unpack_sdist(download_dir: Path, version: str, root: Path) -> Path:
 
 
 def dies_of_sigill(tools: LlamaCppTools, gguf: Path) -> bool:
-    """A few tokens of llama-bench on gguf (its quantized matrix kernels, AMX's included where built): True when
+    """A few tokens of llama-bench on gguf (its quantized matrix kernels, AMX's included where built, on as many
+    threads as the runs use): True when
     the process dies of an illegal instruction. Any other failure is left to the real runs to report."""
-    command = [str(tools.path("llama-bench")), "-m", str(gguf), "-p", "8", "-n", "2", "-r", "1", "-t", "1"]
+    # every core's thread: ggml's AMX path died only in its worker threads (-t 1 ran)
+    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    command = [str(tools.path("llama-bench")), "-m", str(gguf), "-p", "32", "-n", "4", "-r", "1", "-t", str(threads)]
     try:
         result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
     except subprocess.TimeoutExpired:
