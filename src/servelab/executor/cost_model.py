@@ -302,8 +302,9 @@ def _plan_sums(plan: StepPlan) -> tuple[int, int, int, int, int, int, int]:
         if s.sample:  # speculative drafts: the LM head runs after the last sampled token and after each draft
             num_sampled += 1 + s.num_spec_tokens
             num_spec_tokens += s.num_spec_tokens
-        # starts from its first token: a new request (or one preempted by recompute, which pays again;
-        # preemption is rare enough not to matter)
-        if computed == 0 and s.prompt_token_ids is not None:
+        # the executor's first sight of a request that has no output yet: a new request, from its first token or
+        # from its prefix-cache hit (or one preempted by recompute, which pays again; preemption is rare enough not
+        # to matter). One handed over with outputs (a remote prefill's first token) arrived elsewhere.
+        if s.prompt_token_ids is not None and (computed == 0 or not s.output_token_ids):
             num_arrivals += 1
     return num_tokens, num_sampled, len(plan.scheduled), num_pairs, num_kv_tokens, num_arrivals, num_spec_tokens

@@ -119,7 +119,11 @@ def test_the_step_that_starts_a_request_pays_its_arrival():
     # a request continuing its prefill, or decoding, arrived long ago
     assert executor.execute(StepPlan([later_chunk, decode])).breakdown["overhead"] == pytest.approx(
         without.breakdown["overhead"])
-    # a request the executor learns of part-way through (num_computed_tokens > 0) is not a new arrival
+    # a new request whose first 16 tokens hit the prefix cache arrives as much as one that hit nothing
+    hit = replace(new, num_computed_tokens=16, block_ids=[0, 4])
+    assert executor.execute(StepPlan([hit, decode])).breakdown["overhead"] == pytest.approx(with_arrival)
+    # a request the executor learns of part-way through, with outputs (resumed, or handed over after a remote
+    # prefill), is not a new arrival
     resumed = ScheduledRequest("d", [8], 5, [3], True, params, prompt_token_ids=[1, 2, 3], output_token_ids=[4, 5])
     assert executor.execute(StepPlan([resumed, decode])).breakdown["overhead"] == pytest.approx(
         without.breakdown["overhead"])
