@@ -31,6 +31,9 @@ DECODE_CONTEXTS = (32, 512)
 LONG_CONTEXT, LONG_CONTEXT_BATCHES = 1536, (1, 8, 32)
 PREFILL_CHUNKS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 PREFILL_CONTEXT = 512
+# chunks after a long cached context (chunked prefill of a long prompt, a long prefix hit): attention over the
+# cache, not the chunk's own weights, is most of such a step, and the shorter shapes do not pin its cost down
+LONG_PREFILLS = ((1536, 512), (3072, 256))  # (cached tokens, chunk)
 MULTI_PREFILLS = ((4, 64), (16, 32), (32, 32), (8, 128))  # (prompts, tokens each) in one step
 MIXED = ((8, 128), (16, 256), (31, 512), (31, None))  # (decodes, prefill chunk; None: rest of the budget)
 MIXED_DECODE_CONTEXT = 128
@@ -62,6 +65,9 @@ def step_grid(s: ProfileSettings, quick: bool = False) -> list[StepShape]:
             grid.append([(0, n, True)])
         if n in (64, 256):
             grid.append([(PREFILL_CONTEXT, n, False)])
+    for computed, n in LONG_PREFILLS:
+        if n <= s.max_num_batched_tokens:
+            grid.append([(computed, n, True)])
     for count, n in MULTI_PREFILLS:
         if count <= s.max_num_seqs and count * n <= s.max_num_batched_tokens:
             grid.append([(0, n, True)] * count)
