@@ -130,6 +130,7 @@ PREFILL_SHAPES = [
     (9, 3, 64, 16, [(128, 0), (5, 0), (37, 90), (1, 16), (16, 0)]),
     (4, 4, 16, 4, [(3, 0), (21, 7), (64, 1)]),
     (8, 2, 32, 8, [(200, 0)]),
+    (9, 3, 64, 16, [(150, 700), (70, 0)]),  # rows of three tasks over four blocks of keys; one after the other
 ]
 
 
@@ -157,17 +158,24 @@ def test_prefill_attention_matches_reference(cache_dtype, heads, kv_heads, hd, b
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
-def test_prefill_attention_is_the_same_however_the_prompt_is_chunked():
-    """A row's output depends only on its own keys, in a fixed order: one 70-token chunk and the same
-    prompt as 33 + 37 tokens (the second after 33 cached) give bit-identical rows."""
+@pytest.mark.parametrize("total,split", [(70, 33), (600, 263)])
+def test_prefill_attention_is_the_same_however_the_prompt_is_chunked(total, split):
+    """A row's output depends only on its own keys, in a fixed order: one chunk and the same prompt in two
+    (the second after the first's cached tokens) give bit-identical rows, also when the rows' keys span several
+    blocks and the rows fall into other tasks."""
     torch.manual_seed(1)
     heads, kv_heads, hd, block = 6, 2, 32, 16
-    cache = torch.randn(2, 8, block, kv_heads, hd).to(torch.bfloat16)
-    table = torch.tensor([5, 2, 7, 0, 3])
-    q = torch.randn(70, heads * hd)
-    whole = AttentionMetadata(torch.zeros(0, dtype=torch.long), 0, None, None, None, [PrefillChunk(0, 70, 0, table)])
-    first = AttentionMetadata(torch.zeros(0, dtype=torch.long), 0, None, None, None, [PrefillChunk(0, 33, 0, table)])
-    second = AttentionMetadata(torch.zeros(0, dtype=torch.long), 0, None, None, None, [PrefillChunk(0, 37, 33, table)])
-    at_once = ops.prefill_attention(q, cache, *whole.packed_prefills(), heads)
-    assert torch.equal(ops.prefill_attention(q[:33], cache, *first.packed_prefills(), heads), at_once[:33])
-    assert torch.equal(ops.prefill_attention(q[33:], cache, *second.packed_prefills(), heads), at_once[33:])
+    num_blocks = -(-total // block) + 3
+    cache = torch.randn(2, num_blocks, block, kv_heads, hd).to(torch.bfloat16)
+    table = torch.randperm(num_blocks)[:-(-total // block)]
+    q = torch.randn(total, heads * hd)
+
+    def run(rows: slice, computed: int):
+        n = rows.stop - rows.start
+        meta = AttentionMetadata(torch.zeros(0, dtype=torch.long), 0, None, None, None,
+                                 [PrefillChunk(0, n, computed, table)])
+        return ops.prefill_attention(q[rows], cache, *meta.packed_prefills(), heads)
+
+    at_once = run(slice(0, total), 0)
+    assert torch.equal(run(slice(0, split), 0), at_once[:split])
+    assert torch.equal(run(slice(split, total), split), at_once[split:])
