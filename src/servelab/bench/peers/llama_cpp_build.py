@@ -156,7 +156,7 @@ def ensure_llama_cpp(version: str = LLAMA_CPP_PYTHON_VERSION, jobs: int | None =
                                  f"{tools.bin_dir}")
         if gguf is None or not dies_of_sigill(tools, gguf):
             return tools
-        print(f"llama.cpp: the {folder} build dies with SIGILL (illegal instruction) on this CPU", flush=True)
+        print(f"llama.cpp: the build in {root / folder} dies with SIGILL (illegal instruction) on this CPU", flush=True)
     raise BuildError(f"every llama.cpp build in {root} dies with SIGILL on this CPU; pass --llama-cpp-dir DIR "
                      "with tools built for it, or --only servelab,hf")
 
