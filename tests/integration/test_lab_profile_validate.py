@@ -65,10 +65,6 @@ def test_profile_saves_a_fitted_profile(profiled):
     assert [b for b, _ in kv["samples"]] == [n * kv["bytes_per_block"] for n in (1, 2, 4, 8, 16, 32, 64)]
     assert all(s > 0 for _, s in kv["samples"]) and kv["bytes_per_s"] > 0 and kv["latency_s"] >= 0
     assert "KV transfer between two processes" in out.stdout
-    # the grid timed again at the threads each of two instances gets on these cores (stages 5 and 6)
-    shared = data["shared_cores"]
-    assert shared["instances"] == 2 and shared["threads"] >= 1 and shared["fit"]["num_samples"] >= 4
-    assert shared["efficiency"]["layers_curve"]["seconds"][-1] > 0
 
 
 def test_local_cpu_simulates_the_profiled_model_only(profiled, tiny_llama_dir):
