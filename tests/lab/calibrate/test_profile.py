@@ -75,11 +75,10 @@ def test_kv_transfer_figures_round_trip_and_are_required_for_stage_5(tmp_path, m
 
 
 def test_stage_5_simulation_prices_the_measured_link_on_shared_cores():
-    from servelab.lab.calibrate.shared_cores import shared_cores
-    from servelab.lab.calibrate.validate import simulated_metrics
+    from servelab.lab.calibrate.validate import shared_cores, simulated_metrics
     from servelab.workload import WorkloadConfig
 
-    e = shared_cores(make_profile(), 2)  # no measured shared_cores: every curve and rate stretched by two
+    e = shared_cores(make_profile().efficiency, 2)
     assert e.layers_curve.ys == (0.040, 0.060, 0.600) and e.lm_head_curve.ys == (0.008, 0.180)
     assert e.attention == 0.2 and e.kv_memory == 0.3 and e.step_overhead_s == 2e-3
     spec = get_model("smollm2-135m")
@@ -199,32 +198,3 @@ def test_profile_resolves_auto_as_serve_does(monkeypatch):
     assert mode(dtype="float32") == ("none", "auto")  # --dtype asks for float weights
     monkeypatch.setattr(servelab.kernels, "cpu_ops", lambda: None)
     assert mode() == ("none", "auto")  # no kernels: serve runs float weights, so the profile does
-
-
-def test_a_measured_shared_core_fit_prices_each_instance_and_survives_saving(tmp_path, monkeypatch):
-    """`lab profile` times the grid again at the threads each of two instances gets: stages 5 and 6 then price an
-    instance with that fit (its curves and rates, the serving overheads kept), and only for two instances."""
-    from servelab.lab.calibrate.shared_cores import shared_cores
-    from servelab.lab.calibrate.validate import simulated_metrics
-    from servelab.workload import WorkloadConfig
-
-    monkeypatch.setenv("SERVELAB_CACHE_DIR", str(tmp_path))
-    measured = {"instances": 2, "threads": 1, "fit": {"num_samples": 26},
-                "efficiency": {"layers_curve": {"x": [1, 2, 64], "seconds": [0.025, 0.040, 0.550]},
-                               "lm_head_curve": {"x": [1, 64], "seconds": [0.005, 0.150]},
-                               "attention": 0.25, "kv_memory": 0.5, "request_overhead_s": 2e-4}}
-    save_cpu_profile(replace(make_profile(), shared_cores=measured,
-                             kv_transfer={"latency_s": 0.0, "bytes_per_s": 1e12}))
-    profile = load_cpu_profile()
-    assert profile.shared_cores == measured
-    e = shared_cores(profile, 2)
-    assert e.layers_curve.ys == (0.025, 0.040, 0.550) and e.lm_head_curve.ys == (0.005, 0.150)
-    assert (e.attention, e.kv_memory, e.request_overhead_s) == (0.25, 0.5, 2e-4)
-    assert e.step_overhead_s == 2e-3 and e.matmul == 1.0  # the rest is the profile's own
-    assert shared_cores(profile, 3).layers_curve.ys == pytest.approx((0.060, 0.090, 0.900))  # not measured: stretched
-    config = WorkloadConfig(num_prompts=12, input_len=64, output_len=8, request_rate=0.2, seed=0)
-    spec = get_model("smollm2-135m")
-    stretched = replace(profile, shared_cores={})
-    # a lone decode on one of two instances: the measured 25 + 5 ms curves, not twice the profile's 20 + 4 ms
-    tpot = simulated_metrics(profile, spec, "disaggregated", 8, config)["median_tpot_ms"]
-    assert tpot < simulated_metrics(stretched, spec, "disaggregated", 8, config)["median_tpot_ms"] - 15

@@ -123,7 +123,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     from servelab.lab.calibrate.all_reduce import measure_all_reduce
     from servelab.lab.calibrate.fit import fit_steps, fitted_cost_model
-    from servelab.lab.calibrate.shared_cores import measure_shared_cores, shared_cores_json
     from servelab.lab.catalog.cpu_profile import save_cpu_profile
     from servelab.lab.calibrate.step_timing import build_profile, measure_steps
     from servelab.lab.calibrate.serving_overhead import measure_serving_overhead
@@ -151,7 +150,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     fit = fit_steps(samples, spec, engine.config.dtype, engine_args.kv_cache_dtype)
     log(f"step fit over {len(samples)} shapes: mean error {fit.mean_abs_rel_error:.1%}, "
         f"max {fit.max_abs_rel_error:.1%}")
-    shared = measure_shared_cores(engine, spec, engine.config.dtype, engine_args.kv_cache_dtype, args.repeats, log)
     # The server phase builds its own engine in another process: give this one's memory back first.
     config, num_blocks = engine.config, engine.executor.num_blocks
     del engine
@@ -160,9 +158,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                                                        engine_args.kv_cache_dtype), progress=log)
     profile = build_profile(config, num_blocks, spec, samples, fit, overhead)
     # how it was measured, so `lab validate` can measure it again the same way
-    profile = replace(profile, fit={**profile.fit, "quick": bool(args.quick), "repeats": args.repeats},
-                      shared_cores=shared_cores_json(shared, spec, profile.device, config.dtype,
-                                                     engine_args.kv_cache_dtype))
+    profile = replace(profile, fit={**profile.fit, "quick": bool(args.quick), "repeats": args.repeats})
     kv = measure_kv_transfer_of(spec, profile.kv_dtype, config.cache.block_size, args.repeats, log)
     profile = replace(profile, kv_transfer=kv)
     profile = replace(profile, efficiency=replace(profile.efficiency, all_reduce=measure_all_reduce(progress=log)))

@@ -64,13 +64,28 @@ def add_validate_parser(sub) -> None:
                    request_rate=1.0)
 
 
+def shared_cores(efficiency, num_instances: int):
+    """The profile's efficiency for one of num_instances engine processes splitting this CPU's cores:
+    what the measured curves and fitted rates price takes num_instances times as long."""
+    from dataclasses import replace
+
+    from servelab.executor.curve import PiecewiseLinear
+
+    def stretch(curve):
+        return None if curve is None else PiecewiseLinear(curve.xs, tuple(y * num_instances for y in curve.ys))
+
+    e = efficiency
+    return replace(e, matmul=e.matmul / num_instances, attention=e.attention / num_instances,
+                   memory=e.memory / num_instances, kv_memory=e.kv_memory / num_instances,
+                   layers_curve=stretch(e.layers_curve), lm_head_curve=stretch(e.lm_head_curve))
+
+
 def simulated_metrics(profile, spec, stage: str, max_num_seqs: int, config) -> dict:
     from servelab.lab.sim.deployment import Deployment
     from servelab.lab.analysis.evaluate import evaluate
     from servelab.workload import generate_workload
 
     from servelab.bench.stages import STAGE4_TENSOR_PARALLEL_SIZE
-    from servelab.lab.calibrate.shared_cores import shared_cores
 
     # Stage 4 is stage 3 over tp processes, each holding 1/tp of the KV heads of the same number of blocks.
     tp = STAGE4_TENSOR_PARALLEL_SIZE if stage == "tp" else 1
@@ -78,11 +93,11 @@ def simulated_metrics(profile, spec, stage: str, max_num_seqs: int, config) -> d
                  efficiency=profile.efficiency, kv_cache_bytes=profile.kv_cache_bytes // tp)
     if stage == "disaggregated":
         shape = dict(num_gpus=2, schedule="continuous", num_prefill_instances=1, num_decode_instances=1,
-                     router="least-loaded", efficiency=shared_cores(profile, 2),
+                     router="least-loaded", efficiency=shared_cores(profile.efficiency, 2),
                      kv_transfer_link=profile.kv_transfer_link, kv_cache_bytes=profile.kv_cache_bytes)
     if stage in ("dp", "prefix"):  # stage 6: two replicas (each on half the cores) behind the API server's router
         shape = dict(num_gpus=2, schedule="continuous", router="prefix" if stage == "prefix" else "least-loaded",
-                     efficiency=shared_cores(profile, 2), kv_cache_bytes=profile.kv_cache_bytes)
+                     efficiency=shared_cores(profile.efficiency, 2), kv_cache_bytes=profile.kv_cache_bytes)
     deployment = Deployment(model=spec, device=profile.device, max_num_seqs=max_num_seqs,
                             max_num_batched_tokens=profile.max_num_batched_tokens,
                             block_size=profile.block_size, dtype=profile.dtype,

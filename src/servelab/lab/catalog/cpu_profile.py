@@ -34,16 +34,12 @@ send between two processes that a disaggregated deployment's KV handoff pays.
 spec_decode (optional) is prompt-lookup speculation measured on code-edit prompts
 (lab/calibrate/spec_acceptance.py): its fitted_acceptance_rate is `lab simulate --spec-acceptance-rate`'s
 default on local-cpu.
-shared_cores (optional) is the step grid timed again at the threads each of two engine processes gets when they
-split these cores (data-parallel replicas, disaggregated instances), fitted the same way: how much slower one
-instance's steps are there is measured, not assumed (a decode step of a few rows is not half as fast on half the
-threads; a long prefill's attention nearly is).
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from servelab.executor.efficiency import AllReduceFit, Efficiency
@@ -72,19 +68,6 @@ class CpuProfile:
     host: str = ""
     kv_transfer: dict = field(default_factory=dict)  # latency_s, bytes_per_s, samples
     spec_decode: dict = field(default_factory=dict)  # lab/calibrate/spec_acceptance.py
-    # the steps of one of `instances` engine processes splitting these cores (`threads` each), fitted like the
-    # main grid: {"instances", "threads", "efficiency": {layers_curve, lm_head_curve, attention, kv_memory,
-    # request_overhead_s}, "fit": {...}} (lab/calibrate/shared_cores.py)
-    shared_cores: dict = field(default_factory=dict)
-
-    def shared_efficiency(self, instances: int) -> Efficiency | None:
-        """The efficiency of one of `instances` engine processes on these cores, as measured, or None."""
-        measured = self.shared_cores
-        if not measured or int(measured.get("instances", 0)) != instances:
-            return None
-        e = measured["efficiency"]
-        return replace(self.efficiency, **{k: PiecewiseLinear.from_json(v) if k in CURVES else float(v)
-                                           for k, v in e.items()})
 
     @property
     def kv_transfer_link(self) -> tuple[float, float]:
@@ -125,7 +108,6 @@ class CpuProfile:
             "fit": self.fit, "created": self.created, "host": self.host,
             **({"kv_transfer": self.kv_transfer} if self.kv_transfer else {}),
             **({"spec_decode": self.spec_decode} if self.spec_decode else {}),
-            **({"shared_cores": self.shared_cores} if self.shared_cores else {}),
         }
 
     def check_model(self, model: ModelSpec) -> None:
@@ -160,8 +142,7 @@ class CpuProfile:
                        kv_cache_dtype=data.get("kv_cache_dtype", "auto"), max_num_seqs=int(data["max_num_seqs"]),
                        max_num_batched_tokens=int(data["max_num_batched_tokens"]), fit=dict(data.get("fit", {})),
                        created=data.get("created", ""), host=data.get("host", ""),
-                       kv_transfer=dict(data.get("kv_transfer", {})), spec_decode=dict(data.get("spec_decode", {})),
-                       shared_cores=dict(data.get("shared_cores", {})))
+                       kv_transfer=dict(data.get("kv_transfer", {})), spec_decode=dict(data.get("spec_decode", {})))
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{source or 'CPU profile'} is incomplete ({err}); run `servelab lab profile` again") from None
 
