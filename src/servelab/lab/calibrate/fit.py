@@ -152,6 +152,27 @@ def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
     return x
 
 
+def _alternate(base, pairs, kv, seconds, pair_side):
+    """NNLS of the relative errors with each step's attention on its side, re-deciding the sides until they hold:
+    (solution, sum of squared relative errors)."""
+    solution = None
+    for _ in range(ALTERNATIONS):
+        a = np.column_stack([base, np.where(pair_side, pairs, 0.0), np.where(pair_side, 0.0, kv)])
+        scale = np.linalg.norm(a, axis=0)
+        scale[scale == 0] = 1.0
+        weighted = a / seconds[:, None]  # relative error: every step counts alike
+        solution = nnls(weighted / scale, np.ones(len(seconds))) / scale
+        pair_cost, kv_cost = solution[-2], solution[-1]
+        new_side = pair_cost * pairs >= kv_cost * kv
+        if (new_side == pair_side).all():
+            break
+        pair_side = new_side
+    # the priced steps: each at the larger of its two attention terms
+    attention = np.maximum(solution[-2] * pairs, solution[-1] * kv)
+    predicted = base @ solution[:-2] + attention
+    return solution, float(np.sum((predicted / seconds - 1) ** 2))
+
+
 def fit_steps(samples: list[TimedStep], model: ModelSpec, dtype: str, kv_cache_dtype: str = "auto") -> StepFit:
     if len(samples) < 4:
         raise ValueError(f"need at least 4 timed steps to fit the cost model, got {len(samples)}")
@@ -167,19 +188,17 @@ def fit_steps(samples: list[TimedStep], model: ModelSpec, dtype: str, kv_cache_d
                                      increments(hat_weights(t.num_sampled, head_knots)))) for t in totals])
     pairs = np.array([t.num_pairs for t in totals], dtype=float)
     kv = np.array([t.num_kv_tokens for t in totals], dtype=float)
-    pair_side = pairs > kv  # start: decode steps (a pair per KV entry read) on the KV side, prefill on pairs
-    solution = None
-    for _ in range(ALTERNATIONS):
-        a = np.column_stack([base, np.where(pair_side, pairs, 0.0), np.where(pair_side, 0.0, kv)])
-        scale = np.linalg.norm(a, axis=0)
-        scale[scale == 0] = 1.0
-        weighted = a / seconds[:, None]  # relative error: every step counts alike
-        solution = nnls(weighted / scale, np.ones(len(samples))) / scale
-        pair_cost, kv_cost = solution[-2], solution[-1]
-        new_side = pair_cost * pairs >= kv_cost * kv
-        if (new_side == pair_side).all():
-            break
-        pair_side = new_side
+    # Each step's attention is the larger of its pair and KV terms, so which side a step is on is part of the fit:
+    # alternate between solving with the sides fixed and re-deciding them, from more than one start, and keep the
+    # least-squares best. From the decode-like start alone (a step with more pairs than KV entries on the pair
+    # side) a noisy grid can settle where the pair cost is tiny and long-context prefills sit on the KV side,
+    # priced at a fifth of their time (a real profile: mean error 15.5%, a 3,072-token-context chunk -86%).
+    prefill = np.array([t.num_tokens > t.num_requests for t in totals])
+    solution, best = None, np.inf
+    for start in (pairs > kv, prefill | (pairs > kv), np.ones(len(samples), dtype=bool)):
+        candidate, residual = _alternate(base, pairs, kv, seconds, start)
+        if residual < best - 1e-12:
+            solution, best = candidate, residual
     fit = StepFit(
         layers=PiecewiseLinear(tuple(token_knots), tuple(np.cumsum(solution[1:1 + nt]).tolist())),
         lm_head=PiecewiseLinear(tuple(head_knots), tuple(np.cumsum(solution[1 + nt:1 + nt + nh]).tolist())),
